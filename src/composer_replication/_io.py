@@ -1,0 +1,135 @@
+"""Small I/O helpers every stage uses: atomic writes, append-only JSONL, located read errors.
+
+Writers are atomic (temp file in the same directory + fsync + rename) or append-only with one
+``write`` per record followed by flush+fsync, so a crash never leaves a half-written file that a
+rerun mistakes for finished work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class DataFileError(ValueError):
+    """A record in a data file is malformed. The message names the file and the line."""
+
+    def __init__(self, path: str | os.PathLike[str], line: int, problem: str, fix: str = "") -> None:
+        self.path, self.line, self.problem = str(path), line, problem
+        msg = f"{path}:{line}: {problem}"
+        if fix:
+            msg += f" ({fix})"
+        super().__init__(msg)
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | None = "utf-8") -> Iterator[TextIO]:
+    """Open a temp file beside ``path``; on clean exit fsync and rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        kwargs = {"encoding": encoding} if "b" not in mode else {}
+        with os.fdopen(fd, mode, **kwargs) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_open(path, "w") as fh:
+        fh.write(text)
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False, default=str) + "\n")
+
+
+def write_jsonl_atomic(path: str | os.PathLike[str], records: Iterable[Any]) -> int:
+    """Write all records to ``path`` atomically; returns the count."""
+    n = 0
+    with atomic_open(path, "w") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+            n += 1
+    return n
+
+
+class JsonlAppender:
+    """Append-only JSONL writer: one complete line per record, flushed and fsynced.
+
+    A torn last line (crash mid-write) is tolerated by :func:`read_jsonl` with ``tolerate_torn_tail``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fsync = fsync
+        # Make sure a torn tail from a previous crash does not glue onto the next record.
+        if self.path.exists() and self.path.stat().st_size > 0:
+            with open(self.path, "rb") as fh:
+                fh.seek(-1, os.SEEK_END)
+                last = fh.read(1)
+            if last != b"\n":
+                with open(self.path, "ab") as fh:
+                    fh.write(b"\n")
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: Any) -> None:
+        self._fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        self._fh.flush()
+        if self._fsync:
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+    def __enter__(self) -> JsonlAppender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_jsonl(
+    path: str | os.PathLike[str], *, tolerate_torn_tail: bool = True, skip_bad: bool = False
+) -> Iterator[dict[str, Any]]:
+    """Yield the JSON records of ``path``.
+
+    A malformed line raises :class:`DataFileError` naming file and line, unless ``skip_bad``.
+    A malformed *last* line without a trailing newline is a torn append from a crash and is
+    skipped when ``tolerate_torn_tail``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file (did the previous stage run?)")
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    torn_tail = len(lines) > 0 and lines[-1] != b""
+    for i, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            if skip_bad or (tolerate_torn_tail and torn_tail and i == len(lines)):
+                continue
+            raise DataFileError(path, i, f"not valid JSON: {exc}", "fix or delete this line") from None
+        if not isinstance(rec, dict):
+            if skip_bad:
+                continue
+            raise DataFileError(path, i, f"expected a JSON object, got {type(rec).__name__}")
+        yield rec

