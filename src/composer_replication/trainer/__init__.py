@@ -1,0 +1,33 @@
+"""Trainers: the GRPO subclass with the three-channel loss, the PO presets and the offline trainer.
+
+Importing this package (or ``composer_replication.trainer.data_collator``) never imports TRL:
+the TRL-backed names are resolved lazily through PEP 562 ``__getattr__``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "ComposerReplicationTrainer": "composer_replication.trainer.composer_trainer",
+    "make_dr_grpo_config": "composer_replication.trainer.po_objectives",
+    "make_po_config": "composer_replication.trainer.po_objectives",
+    "PO_OBJECTIVES": "composer_replication.trainer.po_objectives",
+    "train_offline": "composer_replication.trainer.offline",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
