@@ -1,0 +1,249 @@
+"""The typed training config: one pydantic v2 tree, unknown keys rejected, bounds checked.
+
+Importable without torch (the CLI validates a config before any model loads). Load with
+``load_config(path, overrides)`` from YAML, TOML or JSON; relative data paths are resolved against the
+config file's directory. ``TrainConfig`` is self-contained so a larger run config can embed it.
+
+Pluggable choices are selected by one field each: ``mode`` (offline | grpo), ``model.path``
+(``default`` = SmolLM2-135M-Instruct offline, ``tiny`` = a random ~200k-parameter model, or a local
+directory), ``loss.sdpo.wrapper``, ``loss.preference.variant``, ``optimizer.type``, ``schedule.type``,
+``grpo.objective`` and ``grpo.reward.type``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from composer_replication.trainer.po_objectives import PO_OBJECTIVES
+
+
+class ConfigError(ValueError):
+    """A config that does not validate; the message names the file and each bad field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Model):
+    path: str = Field(
+        "tiny", description="`default` (SmolLM2-135M-Instruct, offline), `tiny`, or a model directory"
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="`auto`: bf16 where the hardware supports it (CUDA bf16), else fp32"
+    )
+
+
+class DataConfig(_Model):
+    traces: Path | None = Field(None, description="traces.jsonl (TraceExample rows) from `ingest`")
+    pairs: Path | None = Field(None, description="pairs.jsonl (DPOPair or NormalizedDPOPair rows)")
+    max_seq_len: int = Field(1024, ge=16, le=131072, description="token cap for student/teacher sequences")
+    max_dpo_seq_len: int = Field(
+        1024, ge=16, le=131072, description="token cap for chosen/rejected sequences"
+    )
+    eval_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0, description="fraction held out (by trace / pair id hash)"
+    )
+
+    @model_validator(mode="after")
+    def _files_exist(self) -> DataConfig:
+        for name in ("traces", "pairs"):
+            p = getattr(self, name)
+            if p is not None and not Path(p).is_file():
+                raise ValueError(
+                    f"data.{name}: file not found: {p} (run `composer-replication ingest`/`pairs` first)"
+                )
+        return self
+
+
+class TAIDConfig(_Model):
+    t_start: float = Field(0.4, ge=0.0, lt=1.0, description="initial interpolation t")
+    t_end: float = Field(1.0, gt=0.0, le=1.0, description="final t (hard ceiling)")
+    alpha: float = Field(5e-4, ge=0.0, description="adaptive bump magnitude")
+    beta: float = Field(0.99, ge=0.0, lt=1.0, description="EMA decay of the relative loss change")
+    disable_adaptive: bool = Field(False, description="plain linear schedule")
+
+
+class SDPOConfig(_Model):
+    weight: float = Field(
+        0.1, ge=0.0, description="alpha: weight of the self-distillation channel; 0 disables"
+    )
+    wrapper: Literal["none", "taid", "entropy_opd"] = Field("none", description="channel-2 variant")
+    jsd_beta: float = Field(0.5, ge=0.0, le=1.0, description="0 forward KL, 0.5 JSD, 1 reverse KL")
+    temperature: float = Field(1.0, gt=0.0, description="softmax temperature")
+    token_clip: float | None = Field(None, gt=0.0, description="per-token divergence clamp")
+    taid: TAIDConfig = Field(default_factory=TAIDConfig, description="TAID schedule (wrapper=taid)")
+    entropy_opd_h_max: float | None = Field(None, gt=0.0, description="EOPD entropy normaliser; None = log V")
+
+
+class PreferenceConfig(_Model):
+    weight: float = Field(0.05, ge=0.0, description="beta: weight of the preference channel; 0 disables")
+    variant: Literal["dpo", "simpo"] = Field(
+        "dpo", description="DPO (with reference) or SimPO (reference-free)"
+    )
+    dpo_beta: float = Field(0.1, gt=0.0, description="DPO beta")
+    simpo_beta: float = Field(2.0, gt=0.0, description="SimPO beta")
+    simpo_gamma: float = Field(1.0, ge=0.0, description="SimPO target margin")
+
+
+class LossConfig(_Model):
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing of the SFT/CE channel")
+    sdpo: SDPOConfig = Field(default_factory=SDPOConfig)
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
+
+
+class OptimizerConfig(_Model):
+    type: Literal["adamw", "sgd"] = Field("adamw", description="torch optimizer")
+    lr: float = Field(1e-5, gt=0.0, le=1.0, description="peak learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam betas")
+    grad_clip: float | None = Field(1.0, gt=0.0, description="max grad norm; None disables")
+
+
+class ScheduleConfig(_Model):
+    type: Literal["constant", "linear", "cosine"] = Field("constant", description="LR schedule after warmup")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup steps")
+    max_steps: int = Field(100, ge=1, description="optimizer steps")
+    batch_size: int = Field(2, ge=1, description="examples per micro-batch")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step")
+
+
+class CheckpointConfig(_Model):
+    every_steps: int = Field(50, ge=0, description="save every N optimizer steps (0: only at the end)")
+    keep_last: int = Field(2, ge=1, description="checkpoints kept")
+
+
+class LoraConfig(_Model):
+    enabled: bool = Field(False, description="train a PEFT LoRA adapter instead of all weights")
+    r: int = Field(8, ge=1, description="rank")
+    alpha: int = Field(16, ge=1, description="scaling alpha")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="adapter dropout")
+    target_modules: list[str] | str = Field("all-linear", description="modules to adapt")
+
+
+class RewardConfig(_Model):
+    type: Literal["teacher_match", "tool_format"] = Field(
+        "teacher_match",
+        description="teacher_match: similarity of the completion to the teacher-consensus action of the "
+        "state's pair; tool_format: 1 if the completion is a well-formed [TOOL_USE] line",
+    )
+
+
+class GRPOSection(_Model):
+    objective: str = Field("dr_grpo", description="policy-optimisation preset: one of PO_OBJECTIVES")
+    num_generations: int = Field(4, ge=2, description="group size G")
+    max_completion_length: int = Field(64, ge=1, description="completion token cap (Dr.GRPO normaliser)")
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature")
+    composer_kl_coef: float = Field(0.0, ge=0.0, description="k1 KL in the reward (Composer report); 0 off")
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    overrides: dict[str, Any] = Field(default_factory=dict, description="extra trl.GRPOConfig fields")
+
+    @model_validator(mode="after")
+    def _objective_known(self) -> GRPOSection:
+        if self.objective not in PO_OBJECTIVES:
+            raise ValueError(
+                f"grpo.objective: {self.objective!r} is not in the menu; choose one of {', '.join(sorted(PO_OBJECTIVES))}"
+            )
+        return self
+
+
+class LoggingConfig(_Model):
+    report_to: list[str] = Field(default_factory=list, description="trackers (tensorboard, wandb, trackio)")
+    log_every: int = Field(1, ge=1, description="metrics.jsonl row every N optimizer steps")
+    plot: bool = Field(True, description="write losses.png (matplotlib) at the end")
+    progress: bool = Field(True, description="tqdm progress bar")
+
+
+class TrainConfig(_Model):
+    mode: Literal["offline", "grpo"] = Field(
+        "offline", description="offline: SFT+SDPO+DPO on ingested data; grpo: TRL"
+    )
+    seed: int = Field(0, ge=0, description="seeds torch, numpy, random and the data order")
+    deterministic: bool = Field(
+        True, description="torch deterministic algorithms (bit-identical resume on CPU)"
+    )
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    grpo: GRPOSection = Field(default_factory=GRPOSection)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _needs_data(self) -> TrainConfig:
+        if self.data.traces is None and self.data.pairs is None:
+            raise ValueError("data: set data.traces and/or data.pairs (paths to traces.jsonl / pairs.jsonl)")
+        return self
+
+
+def _read(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text)
+    elif suffix == ".toml":
+        import tomllib
+
+        data = tomllib.loads(text)
+    elif suffix == ".json":
+        data = json.loads(text)
+    else:
+        raise ConfigError(f"{path}: unknown config format {suffix!r}; use .yaml, .toml or .json")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return data
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    node = data
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid config ({exc.error_count()} error(s)):"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see docs/training.md for the fields)"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def build_config(
+    data: dict[str, Any], *, source: str = "<config>", base_dir: Path | None = None
+) -> TrainConfig:
+    """Validate a mapping into ``TrainConfig`` (``ConfigError`` names each bad field)."""
+    data = json.loads(json.dumps(data, default=str))  # a private copy; Paths become strings
+    if base_dir is not None:
+        for key in ("traces", "pairs"):
+            value = data.get("data", {}).get(key)
+            if value and not Path(value).is_absolute():
+                data["data"][key] = str(base_dir / value)
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Load YAML/TOML/JSON from ``path``; ``overrides`` maps dotted keys (``schedule.max_steps``) to values."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    data = _read(path)
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    return build_config(data, source=str(path), base_dir=path.parent.resolve())

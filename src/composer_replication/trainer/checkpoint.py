@@ -1,0 +1,104 @@
+"""Atomic training checkpoints and bit-identical resume.
+
+A checkpoint is a directory ``step-XXXXXXXX`` holding ``state.pt``: the trainable parameters (all of them,
+or only the LoRA adapter), optimizer, LR scheduler, the data order (epoch, permutation, position), the
+RNG states (python, numpy, torch CPU and CUDA), the TAID scheduler and the step counter. It is written
+into a temporary sibling directory, fsynced and renamed into place, so a crash (even SIGKILL) leaves
+either the previous or the new checkpoint, never a torn one; the oldest are pruned to ``keep_last``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_NAME = re.compile(r"^step-(\d{8})$")
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters that training changes (all, or the adapter only under LoRA)."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_checkpoints(root: str | Path) -> list[Path]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    ckpts = [p for p in list_checkpoints(root) if (p / "state.pt").is_file()]
+    return ckpts[-1] if ckpts else None
+
+
+def save_checkpoint(root: str | Path, step: int, state: dict[str, Any], *, keep_last: int = 2) -> Path:
+    """Write ``state`` atomically as ``root/step-XXXXXXXX`` and prune to ``keep_last``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    with open(tmp / "state.pt", "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same step (e.g. a kill-switch save right after a periodic one)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    for old in list_checkpoints(root)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-step-*"):  # leftovers of a run killed mid-save
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    return torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+
+
+def restore_model(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    missing = sorted(set(saved) - set(params))
+    if missing:
+        raise ValueError(
+            f"checkpoint has parameters the model lacks (different model or LoRA setting?): {missing[:5]}"
+        )
+    with torch.no_grad():
+        for name, value in saved.items():
+            params[name].copy_(value)

@@ -1,0 +1,311 @@
+"""``ComposerReplicationTrainer``: TRL's ``GRPOTrainer`` + α·SDPO + β·trace-replay DPO.
+
+The loss hook is ``_compute_loss`` (the narrowest one TRL offers). The extra channels need inputs that TRL
+drops: ``_generate_and_score_completions`` builds its output dict from scratch, so extra dataset columns
+never reach ``_compute_loss``. We therefore wrap that method (call ``super()``, then append per-row
+tensors). Per-row tensors and lists survive TRL's ``shuffle_sequence_dict`` / ``split_tensor_dict``
+(indexed along dim 0) and 0-d tensors are passed to every split, which is how TRL carries its own
+``num_items_in_batch``. Extra dataset columns read here:
+
+- ``hint`` (str), or ``error_kind`` (+ optional ``error_meta`` dict) resolved by
+  ``hint_generator.dispatch``: the SDPO teacher is the same model given the prompt plus the hint.
+  With TRL tools, a rollout whose tool call failed gets a hint built on the fly (online SDPO).
+- ``dpo_pair``: a ``DPOPair`` / ``NormalizedDPOPair`` dict. Its reference log-probs are computed once,
+  with the reference model (TRL's ``ref_model``, the base model with PEFT adapters disabled, or the
+  initial weights), and cached by pair id.
+
+Scaling: each channel is a mean over its own tokens (SDPO) or pairs (DPO), normalised like TRL's own
+term: for ``dapo``/``cispo``/``vespo`` by the generation-batch count rescaled to one accumulation
+window (as TRL does with ``num_items_in_batch``), otherwise per micro-batch and divided by the
+gradient-accumulation steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import torch
+
+from composer_replication.trainer import pair_tokens
+
+try:
+    from trl import GRPOTrainer
+except ImportError:  # the module imports without TRL; instantiation then fails in object.__init__
+    GRPOTrainer = object  # type: ignore[assignment,misc]
+
+logger = logging.getLogger(__name__)
+
+_GLOBAL_NORM = ("dapo", "cispo", "vespo")
+HINT_PREFIX = "Hint: "
+
+
+def _classify_tool_error(text: str) -> str:
+    low = text.lower()
+    if "not found" in low:
+        return "tool_not_found"
+    if "json" in low or "decode" in low:
+        return "json_decode"
+    if "typeerror" in low or "argument" in low or "unexpected keyword" in low:
+        return "type_error"
+    return "runtime_error"
+
+
+def _hint_for(error_kind: str, meta: dict | None) -> str | None:
+    from composer_replication.hint_generator import dispatch
+
+    return dispatch(error_kind, dict(meta or {}, error_kind=error_kind))
+
+
+class ComposerReplicationTrainer(GRPOTrainer):
+    """GRPO-family policy loss (any TRL ``loss_type``) + α·SDPO + β·DPO; see the module docstring."""
+
+    def __init__(
+        self,
+        *args: Any,
+        alpha_sdpo: float = 0.1,
+        beta_replay: float = 0.05,
+        sdpo_jsd_beta: float = 0.5,
+        sdpo_temperature: float = 1.0,
+        sdpo_token_clip: float | None = None,
+        replay_dpo_beta: float = 0.1,
+        dpo_variant: str = "dpo",
+        composer_kl_coef: float = 0.0,
+        max_dpo_seq_len: int = 2048,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        if alpha_sdpo < 0 or beta_replay < 0 or composer_kl_coef < 0:
+            raise ValueError("alpha_sdpo, beta_replay and composer_kl_coef must be >= 0")
+        self.alpha_sdpo = alpha_sdpo
+        self.beta_replay = beta_replay
+        self.sdpo_jsd_beta = sdpo_jsd_beta
+        self.sdpo_temperature = sdpo_temperature
+        self.sdpo_token_clip = sdpo_token_clip
+        self.replay_dpo_beta = replay_dpo_beta
+        self.dpo_variant = dpo_variant
+        self.composer_kl_coef = composer_kl_coef
+        self.max_dpo_seq_len = max_dpo_seq_len
+        self._ref_logps_cache: dict[str, tuple[float, float]] = {}
+        self._frozen_ref: torch.nn.Module | None = None
+        needs_own_ref = (beta_replay > 0 and dpo_variant == "dpo") or composer_kl_coef > 0
+        if needs_own_ref and self.ref_model is None and not self._is_peft():
+            # The initial weights, frozen: DPO and k1 need a reference even when TRL's beta is 0.
+            self._frozen_ref = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval()
+            self._frozen_ref.requires_grad_(False)
+
+    # ---------------------------------------------------------------- reference model
+    def _is_peft(self) -> bool:
+        return hasattr(self.accelerator.unwrap_model(self.model), "peft_config")
+
+    def _ref_forward_context(self):
+        import contextlib
+
+        if self.ref_model is not None:
+            return self.ref_model, contextlib.nullcontext()
+        if self._frozen_ref is not None:
+            return self._frozen_ref, contextlib.nullcontext()
+        model = self.accelerator.unwrap_model(self.model)
+        return model, model.disable_adapter()
+
+    @torch.no_grad()
+    def _reference_pair_logps(self, enc: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reference summed log-probs per pair, computed once per pair id and cached."""
+        missing = [i for i, pid in enumerate(enc["pair_ids"]) if pid not in self._ref_logps_cache]
+        if missing:
+            ref, ctx = self._ref_forward_context()
+            dev = self.accelerator.device
+            with ctx:
+                idx = torch.tensor(missing)
+                out = [
+                    self._sequence_logprobs(
+                        ref,
+                        enc[f"dpo_{s}_input_ids"][idx].to(dev),
+                        enc[f"dpo_{s}_response_mask"][idx].to(dev),
+                    )
+                    for s in ("chosen", "rejected")
+                ]
+            for j, i in enumerate(missing):
+                self._ref_logps_cache[enc["pair_ids"][i]] = (float(out[0][j]), float(out[1][j]))
+        vals = torch.tensor([self._ref_logps_cache[pid] for pid in enc["pair_ids"]], dtype=torch.float32)
+        return vals[:, 0], vals[:, 1]
+
+    # ---------------------------------------------------------------- carrying extra columns
+    def _prompt_with_hint(self, prompt: Any, hint: str) -> Any:
+        if isinstance(prompt, str):
+            return f"{prompt}\n\n{HINT_PREFIX}{hint}"
+        msgs = [dict(m) for m in prompt]
+        msgs.append({"role": "user", "content": f"{HINT_PREFIX}{hint}"})
+        return msgs
+
+    def _row_hints(self, inputs: list[dict]) -> list[str | None]:
+        hints: list[str | None] = []
+        recent = list(self._logs["completion"])[-len(inputs) :] if self.tools else [None] * len(inputs)
+        for row, completion in zip(inputs, recent):
+            hint = row.get("hint")
+            if not hint and row.get("error_kind"):
+                hint = _hint_for(row["error_kind"], row.get("error_meta"))
+            if not hint and isinstance(completion, list):  # online: a tool call in this rollout failed
+                for msg in completion:
+                    content = str(msg.get("content", ""))
+                    if msg.get("role") == "tool" and content.startswith("{'error':"):
+                        meta = {"tool_name": msg.get("name"), "error_message": content}
+                        hint = _hint_for(_classify_tool_error(content), meta)
+                        break
+            hints.append(hint or None)
+        return hints
+
+    def _tokenize_prompt(self, prompt: Any) -> list[int]:
+        tok = getattr(self.processing_class, "tokenizer", self.processing_class)
+        return pair_tokens.render_prompt_ids(tok, prompt)
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        out = super()._generate_and_score_completions(inputs)
+        if self.composer_kl_coef > 0:
+            self._apply_k1_in_reward(out)
+        mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
+        tok = getattr(self.processing_class, "tokenizer", self.processing_class)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        if self.alpha_sdpo > 0:
+            hints = self._row_hints(inputs)
+            if any(hints):
+                rows = [
+                    self._tokenize_prompt(self._prompt_with_hint(x["prompt"], h) if h else x["prompt"])
+                    for x, h in zip(inputs, hints)
+                ]
+                ids = pair_tokens.pad_2d(rows, pad, left=True)
+                pmask = pair_tokens.pad_2d([[1] * len(r) for r in rows], 0, left=True)
+                row_on = torch.tensor([float(h is not None) for h in hints], device=mask.device)
+                out["sdpo_prompt_ids"] = ids.to(mask.device)
+                out["sdpo_prompt_mask"] = pmask.to(mask.device)
+                out["sdpo_loss_mask"] = mask * row_on[:, None]
+                out["sdpo_num_items"] = out["sdpo_loss_mask"].sum()
+        if self.beta_replay > 0:
+            pairs = [x.get("dpo_pair") for x in inputs]
+            seen: set[str] = set()
+            present, first = [], []
+            for p in pairs:
+                pid = pair_tokens.pair_fields(p)[0] if p else None
+                present.append(p)
+                first.append(pid is not None and pid not in seen)  # one pair counts once per batch
+                if pid is not None:
+                    seen.add(pid)
+            if any(first):
+                dummy = next(p for p in present if p)
+                enc = pair_tokens.encode_pairs(tok, [p or dummy for p in present], self.max_dpo_seq_len)
+                ref_c, ref_r = self._reference_pair_logps(enc)
+                for key in ("dpo_chosen_input_ids", "dpo_chosen_response_mask"):
+                    out[key] = enc[key].to(mask.device)
+                for key in ("dpo_rejected_input_ids", "dpo_rejected_response_mask"):
+                    out[key] = enc[key].to(mask.device)
+                out["dpo_chosen_ref_logprobs"] = ref_c.to(mask.device)
+                out["dpo_rejected_ref_logprobs"] = ref_r.to(mask.device)
+                out["dpo_row_mask"] = torch.tensor(first, dtype=torch.float32, device=mask.device)
+                out["dpo_num_items"] = out["dpo_row_mask"].sum()
+        return out
+
+    @torch.no_grad()
+    def _apply_k1_in_reward(self, out: dict[str, Any]) -> None:
+        """Composer-faithful KL: A <- A - c·(k1 - mean_group k1), k1 = Σ_t (log π_θ - log π_ref)."""
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        att = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        keep = out["completion_ids"].size(1)
+        logp, _, _ = self._get_per_token_logps_and_entropies(self.model, ids, att, keep)
+        ref, ctx = self._ref_forward_context()
+        with ctx:
+            ref_logp, _, _ = self._get_per_token_logps_and_entropies(ref, ids, att, keep)
+        k1 = ((logp - ref_logp) * out["completion_mask"]).sum(-1)
+        g = self.num_generations if self.model.training else self.num_generations_eval
+        centred = k1 - k1.view(-1, g).mean(1).repeat_interleave(g)
+        out["advantages"] = out["advantages"] - self.composer_kl_coef * centred
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["kl_k1/mean"].append(k1.mean().item())
+
+    # ---------------------------------------------------------------- the loss
+    @staticmethod
+    def _sequence_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, response_mask: torch.Tensor):
+        """Summed response log-probs ``(B,)`` (standard DPO accounting), via the loss seam."""
+        from composer_replication.loss import sequence_logprobs
+
+        return sequence_logprobs(model, input_ids, response_mask)
+
+    def _channel_scale(
+        self, local_count: torch.Tensor, generation_count: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Divide a channel's local sum by this to match TRL's scaling for the active loss_type."""
+        train = self.model.training
+        if self.loss_type in _GLOBAL_NORM and generation_count is not None:
+            n = generation_count.clamp(min=1.0) / self.accelerator.num_processes
+            if train:
+                n = n * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            return n
+        ga = self.current_gradient_accumulation_steps if train else 1
+        return local_count.clamp(min=1.0) * ga
+
+    def _compute_sdpo_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        """GJSD between the student and the hinted teacher on the completion tokens (loss.sdpo_channel)."""
+        from composer_replication.loss import sdpo_channel
+
+        zero = inputs["completion_ids"].new_zeros((), dtype=torch.float32).requires_grad_()
+        if self.alpha_sdpo == 0 or "sdpo_prompt_ids" not in inputs:
+            return zero
+        mask = inputs["sdpo_loss_mask"]
+        rows = mask.sum(-1) > 0
+        if not bool(rows.any()):
+            return zero
+        comp, cmask, m = inputs["completion_ids"][rows], inputs["completion_mask"][rows], mask[rows]
+        s_prompt, t_prompt = inputs["prompt_ids"][rows], inputs["sdpo_prompt_ids"][rows]
+        res = sdpo_channel(
+            model,
+            torch.cat([s_prompt, comp], 1),
+            torch.cat([t_prompt, comp], 1),
+            torch.cat([torch.zeros_like(t_prompt), m.long()], 1),
+            student_mask=torch.cat([torch.zeros_like(s_prompt), m.long()], 1),
+            attention_mask=torch.cat([inputs["prompt_mask"][rows], cmask], 1),
+            teacher_attention_mask=torch.cat([inputs["sdpo_prompt_mask"][rows], cmask], 1),
+            jsd_beta=self.sdpo_jsd_beta,
+            temperature=self.sdpo_temperature,
+            token_clip=self.sdpo_token_clip,
+        )
+        self._channel_metrics.update(res.metrics)
+        n = torch.tensor(float(res.count), device=res.loss.device)
+        return res.loss * n / self._channel_scale(n, inputs.get("sdpo_num_items"))
+
+    def _compute_trace_replay_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+        """DPO (or SimPO) over the batch's pairs with cached reference log-probs (loss.preference_channel)."""
+        from composer_replication.loss import preference_channel
+
+        zero = inputs["completion_ids"].new_zeros((), dtype=torch.float32).requires_grad_()
+        if self.beta_replay == 0 or "dpo_row_mask" not in inputs:
+            return zero
+        rows = inputs["dpo_row_mask"] > 0
+        if not bool(rows.any()):
+            return zero
+        res = preference_channel(
+            model,
+            inputs["dpo_chosen_input_ids"][rows],
+            inputs["dpo_chosen_response_mask"][rows],
+            inputs["dpo_rejected_input_ids"][rows],
+            inputs["dpo_rejected_response_mask"][rows],
+            variant=self.dpo_variant,
+            ref_chosen_logps=inputs["dpo_chosen_ref_logprobs"][rows],
+            ref_rejected_logps=inputs["dpo_rejected_ref_logprobs"][rows],
+            beta=self.replay_dpo_beta,
+        )
+        self._channel_metrics.update(res.metrics)
+        n = torch.tensor(float(res.count), device=res.loss.device)
+        return res.loss * n / self._channel_scale(n, inputs.get("dpo_num_items"))
+
+    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        policy = super()._compute_loss(model, inputs)
+        if self.alpha_sdpo == 0 and self.beta_replay == 0:
+            return policy
+        mode = "train" if self.model.training else "eval"
+        self._channel_metrics = {}
+        sdpo = self._compute_sdpo_loss(model, inputs)
+        dpo = self._compute_trace_replay_loss(model, inputs)
+        # Logged unscaled (per token / per pair), next to TRL's own metrics.
+        for key, value in self._channel_metrics.items():
+            self._metrics[mode][key].append(value)
+        return policy + self.alpha_sdpo * sdpo + self.beta_replay * dpo

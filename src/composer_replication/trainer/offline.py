@@ -1,0 +1,321 @@
+"""Offline training on ingested data (no rollouts): SFT CE + α·SDPO + β·DPO through ``compose_loss``.
+
+``train_offline(config, out_dir=..., resume=False, kill_switch=None, stop=None) -> dict`` is the library
+entry point (the ``train`` command and the pipeline call it). Per optimizer step it takes
+``grad_accum`` micro-batches, each a batch of traces (assistant turns as SFT targets; error sites give
+the hinted SDPO teacher) and a batch of preference pairs (reference log-probs computed once per pair
+with the initial weights and cached in the checkpoint), and sums ``compose_loss(...).total / grad_accum``.
+
+Writes to ``out_dir``: ``metrics.jsonl`` (append-only, one row per logged step, per-channel losses),
+``checkpoints/step-*`` (atomic, every N steps and at the end), ``losses.png``, ``final_metrics.json``.
+Resume restores model, optimizer, LR scheduler, both data streams, all RNG states and the TAID
+schedule: in deterministic CPU mode the resumed loss trajectory is bit-identical.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from composer_replication.config import TrainConfig, build_config
+from composer_replication.trainer import checkpoint as ckpt
+from composer_replication.trainer import offline_data as od
+from composer_replication.trainer import pair_tokens
+from composer_replication.trainer.evaluation import evaluate
+
+
+def load_model(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
+    """(model, tokenizer) for ``model.path``: ``tiny``, ``default`` (SmolLM2-135M) or a directory."""
+    from composer_replication import models
+
+    dtype = torch.float32
+    if cfg.model.dtype == "bfloat16" or (
+        cfg.model.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    ):
+        dtype = torch.bfloat16
+    if cfg.model.path == "tiny":
+        tok = models.build_tiny_tokenizer(2048)
+        model = models.build_tiny_model(tokenizer=tok, seed=cfg.seed)
+    elif cfg.model.path == "default":
+        model, tok = models.load_default_model()
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.model.path)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model.to(device=device, dtype=dtype)
+    if cfg.lora.enabled:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError as exc:
+            raise ImportError("LoRA needs PEFT: pip install 'composer-replication[trl]'") from exc
+        lcfg = LoraConfig(
+            r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=cfg.lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lcfg)
+    return model, tok
+
+
+def _optimizer(cfg: TrainConfig, model: torch.nn.Module):
+    params = [p for p in model.parameters() if p.requires_grad]
+    o = cfg.optimizer
+    if o.type == "sgd":
+        opt = torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
+    else:
+        opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, foreach=False)
+    s = cfg.schedule
+
+    def factor(step: int) -> float:
+        if step < s.warmup_steps:
+            return (step + 1) / (s.warmup_steps + 1)
+        frac = (step - s.warmup_steps) / max(1, s.max_steps - s.warmup_steps)
+        if s.type == "linear":
+            return max(0.0, 1.0 - frac)
+        if s.type == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
+        return 1.0
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def _seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+@torch.no_grad()
+def reference_logprobs(model, tok, pairs: list[dict], max_len: int, batch_size: int = 4) -> dict[str, tuple]:
+    """Summed reference log-probs per pair id, with the current (initial) weights; adapters disabled."""
+    from contextlib import nullcontext
+
+    from composer_replication.loss import sequence_logprobs
+
+    out: dict[str, tuple[float, float]] = {}
+    ctx = model.disable_adapter() if hasattr(model, "peft_config") else nullcontext()
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    with ctx:
+        for i in range(0, len(pairs), batch_size):
+            enc = pair_tokens.encode_pairs(tok, pairs[i : i + batch_size], max_len)
+            c = sequence_logprobs(
+                model, enc["dpo_chosen_input_ids"].to(dev), enc["dpo_chosen_response_mask"].to(dev)
+            )
+            r = sequence_logprobs(
+                model, enc["dpo_rejected_input_ids"].to(dev), enc["dpo_rejected_response_mask"].to(dev)
+            )
+            for pid, a, b in zip(enc["pair_ids"], c.tolist(), r.tolist()):
+                out[pid] = (a, b)
+    model.train(was_training)
+    return out
+
+
+def pair_batch(tok, rows: list[dict], ref: dict[str, tuple], max_len: int, device) -> dict[str, torch.Tensor]:
+    enc = pair_tokens.encode_pairs(tok, rows, max_len)
+    vals = torch.tensor([ref[p] for p in enc.pop("pair_ids")], dtype=torch.float32)
+    enc["dpo_chosen_ref_logprobs"], enc["dpo_rejected_ref_logprobs"] = vals[:, 0], vals[:, 1]
+    return {k: v.to(device) for k, v in enc.items()}
+
+
+def _loss_kwargs(cfg: TrainConfig, taid) -> dict[str, Any]:
+    s, p = cfg.loss.sdpo, cfg.loss.preference
+    kw: dict[str, Any] = dict(
+        alpha_sdpo=s.weight,
+        beta_replay=p.weight,
+        sdpo_jsd_beta=s.jsd_beta,
+        sdpo_temperature=s.temperature,
+        sdpo_token_clip=s.token_clip,
+        replay_dpo_beta=p.dpo_beta,
+        lm_ce_label_smoothing=cfg.loss.label_smoothing,
+        dpo_variant=p.variant,
+        sdpo_wrapper=s.wrapper,
+        simpo_beta=p.simpo_beta,
+        simpo_gamma=p.simpo_gamma,
+        entropy_opd_h_max=s.entropy_opd_h_max,
+    )
+    if taid is not None:
+        kw["taid_t"] = taid.t
+    return kw
+
+
+def _check_stop(stop, kill_switch) -> str | None:
+    reason = stop() if stop is not None else None
+    if reason is None and kill_switch is not None:
+        reason = kill_switch.should_stop()
+    return reason
+
+
+def train_offline(
+    config: TrainConfig | dict,
+    *,
+    out_dir: str | Path,
+    resume: bool = False,
+    kill_switch: Any | None = None,
+    stop: Callable[[], str | None] | None = None,
+    device: str | None = None,
+) -> dict[str, float]:
+    """Train on ``config.data`` (traces and/or pairs) and return the final metrics (see module docstring)."""
+    from composer_replication._io import JsonlAppender, atomic_write_json
+    from composer_replication.loss import compose_loss
+
+    cfg = config if isinstance(config, TrainConfig) else build_config(config)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = out / "checkpoints"
+    latest = ckpt.latest_checkpoint(ckpt_dir) if resume else None
+    if resume and latest is None and (out / "metrics.jsonl").exists():
+        (out / "metrics.jsonl").unlink()  # nothing to resume from: start clean
+    if not resume and (out / "metrics.jsonl").exists():
+        raise FileExistsError(f"{out} already holds a run (metrics.jsonl); pass resume=True or a new out_dir")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    _seed_everything(cfg.seed, cfg.deterministic)
+    model, tok = load_model(cfg, dev)
+    model.train()
+
+    traces = od.load_rows(cfg.data.traces)
+    pairs = od.load_rows(cfg.data.pairs)
+    train_traces, eval_traces = od.split(traces, lambda r: str(r.get("trace_id")), cfg.data.eval_fraction)
+    pid = lambda r: pair_tokens.pair_fields(r)[0]  # noqa: E731
+    train_pairs, eval_pairs = od.split(pairs, pid, cfg.data.eval_fraction)
+    use_pairs = bool(train_pairs) and cfg.loss.preference.weight > 0
+    bs = cfg.schedule.batch_size
+    trace_stream = od.Stream(train_traces, bs, cfg.seed) if train_traces else None
+    pair_stream = od.Stream(train_pairs, bs, cfg.seed + 1) if use_pairs else None
+    collator = (
+        od.make_collator(tok, cfg.data.max_seq_len, cfg.data.max_dpo_seq_len, cfg.loss.sdpo.weight > 0)
+        if traces
+        else None
+    )
+    opt, sched = _optimizer(cfg, model)
+    taid = None
+    if cfg.loss.sdpo.wrapper == "taid":
+        from composer_replication.distillation import TAIDScheduler
+
+        t = cfg.loss.sdpo.taid
+        taid = TAIDScheduler(
+            cfg.schedule.max_steps,
+            t_start=t.t_start,
+            t_end=t.t_end,
+            alpha=t.alpha,
+            beta=t.beta,
+            disable_adaptive=t.disable_adaptive,
+        )
+
+    step = 0
+    if latest is not None:
+        state = ckpt.load_checkpoint(latest)
+        ckpt.restore_model(model, state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        ref = state["ref_logprobs"]
+        if trace_stream is not None:
+            trace_stream.load_state_dict(state["trace_stream"])
+        if pair_stream is not None:
+            pair_stream.load_state_dict(state["pair_stream"])
+        if taid is not None:
+            taid.load_state_dict(state["taid"])
+        step = state["step"]
+        ckpt.set_rng_state(state["rng"])
+    else:
+        ref = reference_logprobs(model, tok, pairs, cfg.data.max_dpo_seq_len) if pairs else {}
+        initial = evaluate(model, tok, cfg, eval_traces, eval_pairs, ref, collator)
+        atomic_write_json(out / "initial_metrics.json", initial)
+
+    def save(at: int) -> Path:
+        state = {
+            "step": at,
+            "model": ckpt.trainable_state(model),
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "trace_stream": trace_stream.state_dict() if trace_stream else None,
+            "pair_stream": pair_stream.state_dict() if pair_stream else None,
+            "taid": taid.state_dict() if taid is not None else None,
+            "ref_logprobs": ref,
+            "rng": ckpt.rng_state(),
+        }
+        return ckpt.save_checkpoint(ckpt_dir, at, state, keep_last=cfg.checkpoint.keep_last)
+
+    metrics_log = JsonlAppender(out / "metrics.jsonl")
+    bar = None
+    if cfg.logging.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.schedule.max_steps, initial=step, desc="train", unit="step")
+    ga = cfg.schedule.grad_accum
+    try:
+        while step < cfg.schedule.max_steps:
+            reason = _check_stop(stop, kill_switch)
+            if reason is not None:
+                save(step)
+                from composer_replication.safety.kill_switch import KillSwitchTriggered
+
+                raise KillSwitchTriggered(reason)
+            opt.zero_grad(set_to_none=True)
+            totals: dict[str, float] = {}
+            for _ in range(ga):
+                batch: dict[str, torch.Tensor] = {}
+                if trace_stream is not None:
+                    batch.update(
+                        {k: v.to(dev) for k, v in od.trace_batch(collator, trace_stream.next_batch()).items()}
+                    )
+                if pair_stream is not None:
+                    batch.update(
+                        pair_batch(tok, pair_stream.next_batch(), ref, cfg.data.max_dpo_seq_len, dev)
+                    )
+                if "input_ids" not in batch:  # pairs only: the CE channel trains on the chosen responses
+                    batch["input_ids"] = batch["dpo_chosen_input_ids"]
+                    batch["response_mask"] = batch["dpo_chosen_response_mask"]
+                comps = compose_loss(model, batch, **_loss_kwargs(cfg, taid))
+                (comps.total / ga).backward()
+                for k, v in comps.detached().items():
+                    totals[k] = totals.get(k, 0.0) + v / ga
+            params = [p for p in model.parameters() if p.requires_grad]
+            clip = cfg.optimizer.grad_clip
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
+            opt.step()
+            sched.step()
+            step += 1
+            if taid is not None:
+                taid.update_t(totals["sdpo_jsd"], global_step=step)
+            if kill_switch is not None:
+                kill_switch.observe(step=step, loss=totals["total"], grad_norm=float(grad_norm))
+            if step % cfg.logging.log_every == 0 or step == cfg.schedule.max_steps:
+                row = {"step": step, **{f"loss/{k}": v for k, v in totals.items()}}
+                row.update(grad_norm=float(grad_norm), lr=sched.get_last_lr()[0])
+                if taid is not None:
+                    row["taid_t"] = taid.t
+                metrics_log.append(row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{totals['total']:.4f}")
+            if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+                save(step)
+    finally:
+        if bar is not None:
+            bar.close()
+        metrics_log.close()
+    if ckpt.latest_checkpoint(ckpt_dir) is None or not (ckpt_dir / f"step-{step:08d}").exists():
+        save(step)
+    final = evaluate(model, tok, cfg, eval_traces, eval_pairs, ref, collator)
+    final.update(step=step)
+    atomic_write_json(out / "final_metrics.json", final)
+    if cfg.logging.plot:
+        from composer_replication.trainer.plots import plot_losses
+
+        plot_losses(out / "metrics.jsonl", out / "losses.png")
+    return final

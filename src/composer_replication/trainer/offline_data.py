@@ -1,0 +1,93 @@
+"""Data for the offline trainer: resumable example streams, held-out splits and batch building.
+
+Two streams run side by side: traces (``TraceExample`` rows, collated by the ingestion engineer's
+``ComposerDataCollator`` into the SFT and SDPO keys) and preference pairs (``DPOPair`` or
+``NormalizedDPOPair`` rows, tokenised by ``pair_tokens``). Each stream's order is a pure function of
+(seed, epoch), so its whole state is ``(epoch, position)``: a checkpoint stores that and a resumed run
+sees exactly the batches the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class Stream:
+    """Endless shuffled batches over ``items``; ``state_dict`` is ``{"epoch", "pos"}``."""
+
+    def __init__(self, items: list[Any], batch_size: int, seed: int) -> None:
+        if not items:
+            raise ValueError("Stream needs at least one item")
+        self.items, self.batch_size, self.seed = items, batch_size, seed
+        self.epoch, self.pos = 0, 0
+        self._perm = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 100003 + self.epoch)
+        return torch.randperm(len(self.items), generator=g).tolist()
+
+    def next_batch(self) -> list[Any]:
+        out = []
+        while len(out) < min(self.batch_size, len(self.items)):
+            if self.pos >= len(self._perm):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._perm = self._permutation()
+            out.append(self.items[self._perm[self.pos]])
+            self.pos += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+        self._perm = self._permutation()
+
+
+def is_held_out(key: str, fraction: float) -> bool:
+    """Stable split by hash of an id (trace id for traces, pair id for pairs)."""
+    if fraction <= 0:
+        return False
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+def load_rows(path: str | Path | None) -> list[dict]:
+    if path is None:
+        return []
+    from composer_replication._io import read_jsonl
+
+    return list(read_jsonl(path))
+
+
+def split(rows: list[dict], key_fn, fraction: float) -> tuple[list[dict], list[dict]]:
+    train = [r for r in rows if not is_held_out(key_fn(r), fraction)]
+    held = [r for r in rows if is_held_out(key_fn(r), fraction)]
+    if not train and held:  # a tiny data set must still train on something
+        train, held = held, []
+    return train, held
+
+
+def make_collator(tokenizer: Any, max_seq_len: int, max_dpo_seq_len: int, enable_sdpo: bool):
+    from composer_replication.hint_generator import dispatch
+    from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    cfg = CollatorConfig(
+        max_seq_len=max_seq_len,
+        max_dpo_seq_len=max_dpo_seq_len,
+        pad_token_id=pad,
+        enable_sdpo=enable_sdpo,
+        hint_generator=lambda kind, meta: dispatch(kind, dict(meta or {})),
+        enable_replay_dpo=False,  # pairs come from pairs.jsonl through their own stream
+    )
+    return ComposerDataCollator(tokenizer=tokenizer, config=cfg)
+
+
+def trace_batch(collator, rows: list[dict]) -> dict[str, torch.Tensor]:
+    batch = collator([{**r, "dpo_pairs": None} for r in rows])
+    return {k: v for k, v in batch.items() if torch.is_tensor(v)}

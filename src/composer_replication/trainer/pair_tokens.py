@@ -1,0 +1,89 @@
+"""Tokenise preference pairs (``DPOPair`` or ``NormalizedDPOPair``) into chosen/rejected id tensors.
+
+Both row shapes are accepted, as dicts or as dataclasses: ``DPOPair`` carries ``chosen`` / ``rejected``
+strings; ``NormalizedDPOPair`` carries ``chosen_messages`` / ``rejected_messages`` chat lists. The prompt
+is ``state_messages`` rendered with the tokenizer's chat template and a generation prompt; the response
+is the action text followed by the end-of-turn token. Long prompts are cut from the left (the most
+recent context is kept), so the response itself is never truncated unless it alone is over the cap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+
+def pair_fields(pair: Any) -> tuple[str, list[dict], str, str]:
+    """Return ``(pair_id, state_messages, chosen_text, rejected_text)`` for either pair shape."""
+    row = dataclasses.asdict(pair) if dataclasses.is_dataclass(pair) else dict(pair)
+    messages = row.get("state_messages")
+    if not isinstance(messages, list):
+        raise ValueError(f"pair {row.get('state_id')!r} has no state_messages list")
+    if "chosen" in row and "rejected" in row:
+        chosen, rejected = row["chosen"], row["rejected"]
+    elif "chosen_messages" in row and "rejected_messages" in row:
+        chosen = "\n\n".join(str(m.get("content", "")) for m in row["chosen_messages"])
+        rejected = "\n\n".join(str(m.get("content", "")) for m in row["rejected_messages"])
+    else:
+        raise ValueError(
+            f"pair {row.get('state_id')!r} has neither chosen/rejected (DPOPair) nor "
+            "chosen_messages/rejected_messages (NormalizedDPOPair)"
+        )
+    pair_id = str(row.get("pair_id") or row.get("state_id") or f"{chosen}\x00{rejected}")
+    return pair_id, messages, str(chosen), str(rejected)
+
+
+def render_prompt_ids(tokenizer: Any, messages: list[dict] | str) -> list[int]:
+    """Chat-template ``messages`` (with the generation prompt) into token ids; plain text passes through."""
+    if isinstance(messages, str):
+        text = messages
+    else:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_response(
+    tokenizer: Any, prompt_ids: list[int], response: str, max_len: int
+) -> tuple[list[int], list[int]]:
+    """``prompt + response + eos`` ids and a mask that is 1 on the response (and eos) tokens."""
+    eos = tokenizer.eos_token or ""
+    resp = list(tokenizer(response + eos, add_special_tokens=False)["input_ids"])[:max_len]
+    keep = max(0, max_len - len(resp))
+    prompt = prompt_ids[-keep:] if keep else []
+    return prompt + resp, [0] * len(prompt) + [1] * len(resp)
+
+
+def pad_2d(rows: list[list[int]], pad: int, *, left: bool = False) -> torch.Tensor:
+    """Pad ragged rows to one ``(B, T)`` long tensor (right padding unless ``left``)."""
+    width = max((len(r) for r in rows), default=0) or 1
+    out = torch.full((len(rows), width), pad, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            if left:
+                out[i, width - len(r) :] = torch.tensor(r)
+            else:
+                out[i, : len(r)] = torch.tensor(r)
+    return out
+
+
+def encode_pairs(tokenizer: Any, pairs: list[Any], max_len: int = 2048) -> dict[str, Any]:
+    """Batch of pairs -> the loss seam's ``dpo_*`` keys (right-padded) plus ``pair_ids`` (a list)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = {"chosen": [], "rejected": []}
+    masks = {"chosen": [], "rejected": []}
+    pair_ids = []
+    for pair in pairs:
+        pid, messages, chosen, rejected = pair_fields(pair)
+        prompt = render_prompt_ids(tokenizer, messages)
+        for side, text in (("chosen", chosen), ("rejected", rejected)):
+            i, m = encode_response(tokenizer, prompt, text, max_len)
+            ids[side].append(i)
+            masks[side].append(m)
+        pair_ids.append(pid)
+    out: dict[str, Any] = {"pair_ids": pair_ids}
+    for side in ("chosen", "rejected"):
+        out[f"dpo_{side}_input_ids"] = pad_2d(ids[side], pad)
+        out[f"dpo_{side}_response_mask"] = pad_2d(masks[side], 0)
+    return out
