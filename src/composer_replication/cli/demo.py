@@ -1,0 +1,36 @@
+"""The whole recipe, offline, on bundled example sessions: no API key, no GPU, no download.
+
+Ingests a few real Claude Code and Codex sessions shipped with the package, replays their error sites
+to in-process teachers, mines preference pairs, trains SmolLM2-135M-Instruct (offline phase, then a
+short GRPO phase on bundled sandbox tasks), evaluates before and after, and writes a report.
+About 10-15 minutes on 2 CPU cores; rerunning resumes and skips what is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
+    p.add_argument(
+        "--fast",
+        action="store_true",
+        help="tiny random models instead of SmolLM2 (a minute; for tests and a first look)",
+    )
+    p.add_argument(
+        "--force", action="append", default=[], metavar="STAGE", help="re-run this stage even if current"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from composer_replication.pipeline import demo_config, run_pipeline
+
+    t0 = time.time()
+    report = run_pipeline(demo_config(fast=args.fast), args.out, force=args.force)
+    print(f"demo finished in {time.time() - t0:.0f}s")
+    print(f"report: {report}")
+    print(f"status: composer-replication status {args.out}")
+    return 0

@@ -1,0 +1,63 @@
+"""Run the whole pipeline from a config file, in one resumable run directory.
+
+Stages: ingest -> split -> replay -> pairs -> normalize -> train_offline -> train_grpo -> evaluate -> report.
+A stage whose inputs and config section are unchanged since it last finished is skipped; an
+interrupted stage resumes from its caches (teacher responses and the spend ledger, trainer
+checkpoints, evaluation generations), so nothing is paid for twice. `composer-replication status RUN`
+shows where a run stands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="run config (YAML or JSON); see docs/configuration.md and examples/")
+    p.add_argument("--out", help="run directory (overrides `run_dir` in the config)")
+    p.add_argument("--max-usd", type=float, help="override replay.max_total_usd (the hard spend cap)")
+    p.add_argument(
+        "--force",
+        action="append",
+        default=[],
+        metavar="STAGE",
+        help="re-run this stage even if current (repeatable)",
+    )
+    p.add_argument("--until", metavar="STAGE", help="stop after this stage")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set train.max_steps=2 (VALUE is parsed as JSON, else kept as text)",
+    )
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.max_steps=2")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    if args.max_usd is not None:
+        out["replay.max_total_usd"] = args.max_usd
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from composer_replication.pipeline import load_run_config, run_pipeline
+
+    cfg = load_run_config(args.config, _overrides(args))
+    run_dir = args.out or cfg.run_dir
+    if not run_dir:
+        raise ValueError(f"{args.config}: no run directory; set `run_dir` in the config or pass --out DIR")
+    report = run_pipeline(cfg, run_dir, force=args.force, until=args.until)
+    if report is not None:
+        print(f"report: {report}")
+    return 0

@@ -1,0 +1,175 @@
+"""Evaluation before and after training.
+
+Two measurements, both written to ``eval/eval.json``:
+
+1. **Recovery at held-out error sites.** For each state of the held-out traces that follows a failed
+   tool call, the model gets the conversation so far (with the teachers' action-format instructions)
+   and answers greedily. The answer is parsed with ``teacher_replay.actions``:
+   *valid* = it parses as a well-formed action (every tool line's input is JSON, and the tools named
+   exist in the session when the session lists its tools); *tool match* = the same sequence of tool
+   names as the recorded recovery; *exact* = the same canonical action as the recorded recovery
+   (what the agent actually did next in the log). Held-out traces are never replayed or trained on.
+2. **Sandbox pass rate** on the bundled tasks (``datagen``), when enabled.
+
+Greedy generations are cached in ``eval/generations.jsonl`` keyed by the model's weight hash, the site
+and the settings, so a rerun after a crash (or after retraining only the GRPO phase) regenerates only
+what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from composer_replication._io import JsonlAppender, read_jsonl
+
+_ERROR_MARK = "is_error=true]"
+
+
+def is_error_site(state: dict[str, Any]) -> bool:
+    """True when the state's last message is a failed tool result (the agent must now recover)."""
+    if state.get("error_kind"):
+        return True
+    msgs = state.get("messages") or []
+    if not msgs or msgs[-1].get("role") != "user":
+        return False
+    head = str(msgs[-1].get("content", "")).split("\n", 1)[0]
+    return head.startswith("[TOOL_RESULT") and head.endswith(_ERROR_MARK)
+
+
+def score_action(output: str, state: dict[str, Any]) -> dict[str, Any]:
+    """Score one greedy answer against the recorded recovery of ``state``."""
+    from composer_replication.teacher_replay.actions import canonical_action, parse_action
+
+    parsed = parse_action(output)
+    canon = canonical_action(output)
+    tools = state.get("tools") or []
+    known_tools = all(name in tools for name, _ in parsed.tool_calls) if tools else True
+    valid = parsed.ok and canon is not None and known_tools
+    ref = parse_action(state["student_action"])
+    ref_canon = canonical_action(state["student_action"])
+    names = [n for n, _ in parsed.tool_calls]
+    ref_names = [n for n, _ in ref.tool_calls]
+    return {
+        "valid": bool(valid),
+        "has_tool_call": bool(parsed.tool_calls) and parsed.ok,
+        "tool_match": bool(valid and names == ref_names and bool(ref_names)),
+        "exact": bool(valid and canon == ref_canon),
+    }
+
+
+def model_fingerprint(model_dir: str | Path) -> str:
+    """Hash of a model directory's weight and config files (the generation cache key)."""
+    from composer_replication.pipeline.manifest import hash_path
+
+    d = Path(model_dir)
+    h = hashlib.sha256()
+    for f in sorted(d.glob("*")):
+        if f.is_file() and (f.suffix in (".safetensors", ".bin", ".json") or f.name.endswith(".model")):
+            h.update(f.name.encode() + b"\0" + (hash_path(f) or "").encode())
+    return h.hexdigest()[:16]
+
+
+class GreedyGenerator:
+    """Greedy answers of a local model directory for chat states, with an append-only cache."""
+
+    def __init__(
+        self, model_dir: str | Path, cache_path: Path, *, max_new_tokens: int, max_prompt_tokens: int
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.cache_path = cache_path
+        self.max_new_tokens = max_new_tokens
+        self.max_prompt_tokens = max_prompt_tokens
+        self.fingerprint = model_fingerprint(model_dir)
+        self._model: Any = None
+        self._tok: Any = None
+        self.cache: dict[str, str] = {}
+        if cache_path.exists():
+            for rec in read_jsonl(cache_path):
+                self.cache[rec["key"]] = rec["output"]
+        self.n_generated = 0
+
+    def _key(self, state: dict[str, Any]) -> str:
+        blob = json.dumps(
+            [
+                self.fingerprint,
+                state["state_id"],
+                state["messages"],
+                self.max_new_tokens,
+                self.max_prompt_tokens,
+            ]
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self._tok = AutoTokenizer.from_pretrained(self.model_dir)
+        self._model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+
+    def __call__(self, state: dict[str, Any]) -> str:
+        key = self._key(state)
+        if key in self.cache:
+            return self.cache[key]
+        import torch
+
+        from composer_replication.teacher_replay.prompt import build_messages
+
+        if self._model is None:
+            self._load()
+        tok, model = self._tok, self._model
+        enc = tok.apply_chat_template(
+            build_messages(state), add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        )
+        ids = enc["input_ids"][:, -self.max_prompt_tokens :]
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            )
+        text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+        with JsonlAppender(self.cache_path) as app:
+            app.write({"key": key, "state_id": state["state_id"], "model": self.fingerprint, "output": text})
+        self.cache[key] = text
+        self.n_generated += 1
+        return text
+
+
+def evaluate_sites(
+    generate: Callable[[dict[str, Any]], str],
+    sites: Sequence[dict[str, Any]],
+    *,
+    stop: Callable[[], str | None] = lambda: None,
+) -> dict[str, Any]:
+    """Rates over ``sites`` plus the per-site rows (answer and scores)."""
+    from tqdm import tqdm
+
+    rows = []
+    for st in tqdm(sites, desc="evaluate", unit="site", leave=False):
+        reason = stop()
+        if reason:
+            from composer_replication.safety.kill_switch import KillSwitchTriggered
+
+            raise KillSwitchTriggered(reason)
+        out = generate(st)
+        rows.append({"state_id": st["state_id"], "output": out, **score_action(out, st)})
+    n = len(rows)
+
+    def rate(k: str) -> float | None:
+        return sum(r[k] for r in rows) / n if n else None
+
+    return {
+        "n_sites": n,
+        "valid_rate": rate("valid"),
+        "tool_call_rate": rate("has_tool_call"),
+        "tool_match_rate": rate("tool_match"),
+        "exact_match_rate": rate("exact"),
+        "sites": rows,
+    }

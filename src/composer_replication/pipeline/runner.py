@@ -1,0 +1,227 @@
+"""The stage runner: run each stage of a pipeline in order, skip what is current, resume what is not.
+
+A stage declares the files it reads, the files it writes and the config sections it depends on. Before
+running it the runner hashes those inputs and the sections; when the manifest holds the same hashes
+and the outputs are unchanged on disk, the stage is skipped. Otherwise the stage runs again, and
+resumes through its own caches (replay's response cache and spend ledger, the trainer's checkpoints,
+evaluation's per-site cache), so nothing already computed or paid for is done twice.
+
+Test hook: ``COMPOSER_REPLICATION_CRASH_AT=<stage>[:<n>]`` kills the process (``os._exit(113)``, as
+abrupt as SIGKILL: no cleanup runs) inside that stage, at its ``n``-th poll of the stop callback
+(default: after its body returns, before the manifest records it as done).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from composer_replication.pipeline.config import RunConfig
+from composer_replication.pipeline.manifest import Manifest, hash_path
+
+CRASH_ENV = "COMPOSER_REPLICATION_CRASH_AT"
+CRASH_EXIT_CODE = 113
+
+
+@dataclass
+class RunContext:
+    """What a stage gets: the run directory, the config, a stop callback and a logger."""
+
+    run_dir: Path
+    config: RunConfig
+    stop: Callable[[], str | None] = lambda: None
+    log: Callable[[str], None] = print
+    kill_switch: Any = None
+    resume: bool = False  # the stage ran before with the same inputs and config: continue its partial work
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def path(self, *parts: str) -> Path:
+        return self.run_dir.joinpath(*parts)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the pipeline. ``run`` returns a summary dict (counts, spend) kept in the manifest."""
+
+    name: str
+    sections: tuple[str, ...]
+    inputs: Callable[[RunContext], Sequence[Path]]
+    outputs: Callable[[RunContext], Sequence[Path]]
+    run: Callable[[RunContext], dict[str, Any]]
+    enabled: Callable[[RunConfig], bool] = lambda cfg: True
+    description: str = ""
+
+
+class StageFailed(RuntimeError):
+    """A stage raised; the manifest records it as failed with the error text."""
+
+
+def _crash_point(stage: str) -> int | None:
+    spec = os.environ.get(CRASH_ENV)
+    if not spec:
+        return None
+    name, _, n = spec.partition(":")
+    if name != stage:
+        return None
+    return int(n) if n else 0
+
+
+def _crash() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(CRASH_EXIT_CODE)
+
+
+class Runner:
+    """Run ``stages`` over ``run_dir``; see the module docstring for the skip/resume rule."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        config: RunConfig,
+        stages: Sequence[Stage],
+        *,
+        log: Callable[[str], None] = print,
+        kill_switch: Any = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.config = config
+        self.stages = list(stages)
+        self.log = log
+        self.kill_switch = kill_switch
+        self.manifest = Manifest.load(self.run_dir)
+
+    def _key(self, ctx: RunContext, stage: Stage) -> tuple[str, dict[str, str | None]]:
+        section = self.config.section_hash(*stage.sections)
+        inputs = {
+            str(p.relative_to(self.run_dir) if p.is_relative_to(self.run_dir) else p): hash_path(p)
+            for p in stage.inputs(ctx)
+        }
+        return section, inputs
+
+    def _outputs(self, ctx: RunContext, stage: Stage) -> dict[str, str | None]:
+        return {str(p.relative_to(self.run_dir)): hash_path(p) for p in stage.outputs(ctx)}
+
+    def is_current(self, stage: Stage, ctx: RunContext | None = None) -> bool:
+        ctx = ctx or self._context()
+        rec = self.manifest.stages.get(stage.name)
+        if rec is None or rec.status != "done":
+            return False
+        section, inputs = self._key(ctx, stage)
+        if rec.section_hash != section or rec.input_hashes != inputs:
+            return False
+        outputs = self._outputs(ctx, stage)
+        return all(v is not None for v in outputs.values()) and outputs == rec.output_hashes
+
+    def _context(self) -> RunContext:
+        stop = self.kill_switch.should_stop if self.kill_switch is not None else (lambda: None)
+        return RunContext(self.run_dir, self.config, stop=stop, log=self.log, kill_switch=self.kill_switch)
+
+    def run(self, *, force: Sequence[str] = (), until: str | None = None) -> dict[str, str]:
+        """Run the stages; returns ``{stage: "ran" | "skipped" | "disabled"}``.
+
+        ``force`` re-runs the named stages even when current (their caches still apply). ``until``
+        stops after the named stage.
+        """
+        names = [s.name for s in self.stages]
+        for n in [*force, *([until] if until else [])]:
+            if n not in names:
+                raise ValueError(f"unknown stage {n!r}; stages are: {', '.join(names)}")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        cfg_dump = self.config.model_dump(mode="json")
+        self.manifest.set_run_info(cfg_dump, self.config.section_hash(*RunConfig.model_fields))
+        for s in self.stages:
+            self.manifest.stage(s.name)
+        self.manifest.save()
+        outcome: dict[str, str] = {}
+        for stage in self.stages:
+            outcome[stage.name] = self._run_one(stage, force=stage.name in force)
+            if stage.name == until:
+                break
+        return outcome
+
+    def _run_one(self, stage: Stage, *, force: bool) -> str:
+        ctx = self._context()
+        rec = self.manifest.stage(stage.name)
+        if not stage.enabled(self.config):
+            rec.status, rec.summary = "disabled", {}
+            self.manifest.save()
+            self.log(f"[{stage.name}] disabled by the config")
+            return "disabled"
+        if not force and self.is_current(stage, ctx):
+            self.log(f"[{stage.name}] up to date, skipped")
+            return "skipped"
+        section, inputs = self._key(ctx, stage)
+        ctx.resume = rec.attempts > 0 and rec.section_hash == section and rec.input_hashes == inputs
+        rec.status, rec.error, rec.started_at, rec.finished_at = "running", None, time.time(), None
+        rec.section_hash, rec.input_hashes, rec.attempts = section, inputs, rec.attempts + 1
+        self.manifest.save()
+        crash_at = _crash_point(stage.name)
+        if crash_at:
+            ctx.stop = _crashing_stop(ctx.stop, crash_at)
+            if ctx.kill_switch is not None:
+                ctx.kill_switch = _CrashingKillSwitch(ctx.kill_switch, ctx.stop)
+        self.log(
+            f"[{stage.name}] running"
+            + (f" (attempt {rec.attempts}, resuming from caches)" if rec.attempts > 1 else "")
+        )
+        t0 = time.time()
+        try:
+            summary = stage.run(ctx) or {}
+        except BaseException as exc:
+            rec.status, rec.finished_at = "failed", time.time()
+            rec.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            self.manifest.save()
+            raise
+        if crash_at == 0:
+            _crash()
+        rec.summary = {**summary, "seconds": round(time.time() - t0, 2)}
+        rec.output_hashes = self._outputs(ctx, stage)
+        missing = [k for k, v in rec.output_hashes.items() if v is None]
+        if missing:
+            rec.status, rec.error = "failed", f"stage finished without writing {missing}"
+            self.manifest.save()
+            raise StageFailed(f"stage {stage.name!r} finished without writing {', '.join(missing)}")
+        rec.status, rec.finished_at = "done", time.time()
+        self.manifest.save()
+        self.log(f"[{stage.name}] done in {rec.summary['seconds']:.1f}s " + _fmt_summary(summary))
+        return "ran"
+
+
+def _crashing_stop(inner: Callable[[], str | None], n: int) -> Callable[[], str | None]:
+    polls = 0
+
+    def stop() -> str | None:
+        nonlocal polls
+        polls += 1
+        if polls >= n:
+            _crash()
+        return inner()
+
+    return stop
+
+
+class _CrashingKillSwitch:
+    """The run's kill switch, with ``should_stop`` replaced by the crashing poll (test hook only)."""
+
+    def __init__(self, inner: Any, stop: Callable[[], str | None]) -> None:
+        self._inner, self._stop = inner, stop
+
+    def should_stop(self) -> str | None:
+        return self._stop()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _fmt_summary(summary: dict[str, Any]) -> str:
+    parts = [
+        f"{k}={v}" for k, v in summary.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)
+    ]
+    return " ".join(parts[:8])

@@ -1,0 +1,472 @@
+"""The stages of ``composer-replication run`` and the glue between them.
+
+Each stage is a thin call into the library (ingestion, teacher_replay, replaysim, trainer, datagen)
+with fixed file names in the run directory, so the runner can hash inputs and outputs:
+
+    ingest/        states.jsonl traces.jsonl stats.json            (secrets redacted here)
+    split/         train_states.jsonl train_traces.jsonl heldout_states.jsonl
+    replay/        teacher_calls.jsonl  cache.jsonl ledger.jsonl   (cache + ledger make reruns free)
+    pairs/         raw_pairs.jsonl per_teacher.json
+    normalize/     pairs.jsonl                                     (NormalizedDPOPair rows)
+    train/offline/ final/ checkpoints metrics.jsonl
+    train/grpo/    final/ checkpoints metrics.jsonl
+    eval/          eval.json generations.jsonl
+    report/        report.html *.png
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from composer_replication._io import atomic_write_json, read_jsonl, write_jsonl_atomic
+from composer_replication.pipeline.config import ModelSpec, RunConfig
+from composer_replication.pipeline.runner import RunContext, Runner, Stage
+
+# ----------------------------------------------------------------------------- models
+
+
+def resolve_model(name: str, seed: int, models_dir: Path) -> Path:
+    """A local model directory for ``default`` / ``tiny`` / a path / a cached HF id."""
+    if name == "default":
+        from composer_replication.models import resolve_default_model
+
+        return resolve_default_model()
+    if name == "tiny":
+        target = models_dir / f"tiny-seed{seed}"
+        if not (target / "config.json").exists():
+            from composer_replication.models import build_tiny_model, build_tiny_tokenizer, save_tiny_pair
+
+            tok = build_tiny_tokenizer(2048)
+            save_tiny_pair(target, build_tiny_model(tokenizer=tok, seed=seed), tok)
+        return target
+    p = Path(name).expanduser()
+    if p.exists():
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:
+        raise FileNotFoundError(
+            f"model {name!r}: not a local directory and not in the Hugging Face cache (nothing is downloaded at run time)"
+        ) from None
+
+
+def student_dir(ctx: RunContext) -> Path:
+    spec: ModelSpec = ctx.config.student
+    return resolve_model(spec.name, spec.seed, ctx.path("models"))
+
+
+def final_model_dir(ctx: RunContext) -> Path:
+    """The model after training: the GRPO phase's if it ran, else the offline phase's."""
+    if ctx.config.grpo.enabled:
+        return ctx.path("train", "grpo", "final")
+    return ctx.path("train", "offline", "final")
+
+
+# ----------------------------------------------------------------------------- ingest + split
+
+
+def _ingest(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.ingestion import ingest_paths
+
+    src = ctx.config.sources
+    if not src.paths:
+        raise ValueError(
+            "sources.paths is empty: list your session files or directories (e.g. ~/.claude/projects)"
+        )
+    stats = ingest_paths(src.paths, ctx.path("ingest"), redact=src.redact)
+    stats = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
+    atomic_write_json(ctx.path("ingest", "stats.json"), stats)
+    return {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+
+
+def trace_of(state_id: str) -> str:
+    return state_id.split("::")[0]
+
+
+def _split(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.pipeline.evaluate import is_error_site
+
+    src = ctx.config.sources
+    states = list(read_jsonl(ctx.path("ingest", "states.jsonl")))
+    traces = list(read_jsonl(ctx.path("ingest", "traces.jsonl")))
+    ids = sorted({trace_of(s["state_id"]) for s in states} | {t["trace_id"] for t in traces})
+    if src.heldout_traces:
+        unknown = sorted(set(src.heldout_traces) - set(ids))
+        if unknown:
+            raise ValueError(f"sources.heldout_traces: {unknown} not among the ingested traces {ids}")
+        held = set(src.heldout_traces)
+    else:
+
+        def u(t: str) -> float:  # a stable hash in [0, 1): the split never depends on file order
+            return int(hashlib.sha256(f"{ctx.config.seed}:{t}".encode()).hexdigest()[:8], 16) / 2**32
+
+        held = {t for t in ids if u(t) < src.heldout_fraction}
+        if not held and src.heldout_fraction > 0 and len(ids) > 1:
+            held = {min(ids, key=u)}
+    write_jsonl_atomic(
+        ctx.path("split", "train_states.jsonl"), (s for s in states if trace_of(s["state_id"]) not in held)
+    )
+    write_jsonl_atomic(
+        ctx.path("split", "train_traces.jsonl"), (t for t in traces if t["trace_id"] not in held)
+    )
+    sites = [s for s in states if trace_of(s["state_id"]) in held and is_error_site(s)]
+    write_jsonl_atomic(ctx.path("split", "heldout_states.jsonl"), sites)
+    return {
+        "traces": len(ids),
+        "heldout_traces": len(held),
+        "train_states": sum(trace_of(s["state_id"]) not in held for s in states),
+        "heldout_error_sites": len(sites),
+    }
+
+
+# ----------------------------------------------------------------------------- replay, pairs, normalize
+
+
+def teacher_specs(ctx: RunContext) -> list[dict[str, Any]]:
+    """The config's teachers as ``TeacherSpec`` dicts (in-process model paths resolved)."""
+    from composer_replication.teacher_replay import DEFAULT_TEACHERS
+
+    if not ctx.config.replay.teachers:
+        return [dict(t) for t in DEFAULT_TEACHERS]
+    out = []
+    for t in ctx.config.replay.teachers:
+        d = t.model_dump(exclude_none=True, exclude={"model_seed"})
+        if t.backend == "transformers":
+            d["model_path"] = str(resolve_model(t.model_path or "", t.model_seed, ctx.path("models")))
+        out.append(d)
+    return out
+
+
+def _shorten(state: dict[str, Any], keep: int | None) -> dict[str, Any]:
+    if keep is None:
+        return state
+    msgs = state["messages"]
+    head = msgs[:1] if msgs and msgs[0]["role"] == "system" else []
+    tail = msgs[len(head) :][-keep:]
+    return {**state, "messages": head + tail}
+
+
+def replay_selection(ctx: RunContext) -> list[dict[str, Any]]:
+    from composer_replication.pipeline.evaluate import is_error_site
+
+    rc = ctx.config.replay
+    states = list(read_jsonl(ctx.path("split", "train_states.jsonl")))
+    if rc.states == "error_sites":
+        states = [s for s in states if is_error_site(s)]
+    if rc.max_states is not None:
+        states = states[: rc.max_states]
+    return [_shorten(s, rc.history_messages) for s in states]
+
+
+def _replay(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.teacher_replay.client import replay_states
+
+    rc = ctx.config.replay
+    states = replay_selection(ctx)
+    write_jsonl_atomic(ctx.path("replay", "states.jsonl"), states)
+    rep = asyncio.run(
+        replay_states(
+            states, teacher_specs(ctx), max_total_usd=rc.max_total_usd, cache_path=ctx.path("replay", "cache.jsonl"),
+            ledger_path=ctx.path("replay", "ledger.jsonl"), concurrency=rc.concurrency, max_tokens=rc.max_tokens,
+            stop=ctx.stop, progress=True,
+        )
+    )  # fmt: skip
+    write_jsonl_atomic(ctx.path("replay", "teacher_calls.jsonl"), rep.results)
+    return {
+        "states": len(states),
+        "calls": len(rep.results),
+        "cached": rep.n_cached,
+        "sent": rep.n_sent,
+        "errors": rep.n_errors,
+        "spent_usd": round(rep.prior_usd + rep.spent_usd, 6),
+        "stopped": rep.stopped or "",
+    }
+
+
+def _pairs(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.teacher_replay import extract_dpo_pairs, save_pairs
+    from composer_replication.teacher_replay.actions import canonical_action
+
+    states = list(read_jsonl(ctx.path("replay", "states.jsonl")))
+    calls = list(read_jsonl(ctx.path("replay", "teacher_calls.jsonl")))
+    pairs = extract_dpo_pairs(states, calls, agreement_threshold=ctx.config.pairs.agreement_threshold)
+    save_pairs(pairs, ctx.path("pairs", "raw_pairs.jsonl"))
+    per_teacher = {t["slug"]: 0 for t in teacher_specs(ctx)}
+    by_state: dict[str, list[dict[str, Any]]] = {}
+    for c in calls:
+        by_state.setdefault(c["state_id"], []).append(c)
+    for p in pairs:  # credit every teacher in the agreeing majority
+        want = canonical_action(p["chosen"])
+        for c in by_state.get(p["state_id"], []):
+            if c.get("error") is None and canonical_action(c.get("response_text")) == want:
+                per_teacher[c["teacher_slug"]] = per_teacher.get(c["teacher_slug"], 0) + 1
+    atomic_write_json(ctx.path("pairs", "per_teacher.json"), per_teacher)
+    return {"states": len(states), "pairs": len(pairs)}
+
+
+def _normalize(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.replaysim import DJNormalizer
+
+    nc = ctx.config.normalize
+    raw = list(read_jsonl(ctx.path("pairs", "raw_pairs.jsonl")))
+    out = DJNormalizer(nc.recipe, skip_dj=nc.skip_dj).normalize(raw) if raw else []
+    write_jsonl_atomic(ctx.path("normalize", "pairs.jsonl"), (dataclasses.asdict(p) for p in out))
+    return {"pairs_in": len(raw), "pairs_out": len(out)}
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def train_config(ctx: RunContext, mode: str) -> Any:
+    """The trainer's ``TrainConfig`` for one phase: the ``train`` section plus the pipeline's paths."""
+    from composer_replication.config import build_config
+
+    data = ctx.config.train.model_dump(mode="json")
+    pairs = ctx.path("normalize", "pairs.jsonl")
+    traces = ctx.path("split", "train_traces.jsonl")
+    data["data"]["traces"] = str(traces) if _nonempty(traces) else None
+    data["data"]["pairs"] = str(pairs) if _nonempty(pairs) else None
+    if mode == "offline":
+        model = str(student_dir(ctx))
+    else:
+        model = str(ctx.path("train", "offline", "final"))
+        data["schedule"]["max_steps"] = ctx.config.grpo.max_steps
+        if ctx.config.grpo.lr is not None:
+            data["optimizer"]["lr"] = ctx.config.grpo.lr
+    data["mode"] = mode
+    data["model"] = {**data.get("model", {}), "path": model}
+    return build_config(data, source=f"run config (train, {mode} phase)")
+
+
+def _train_offline(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.trainer.offline import train_offline
+
+    out = ctx.path("train", "offline")
+    if not ctx.resume and out.exists():
+        shutil.rmtree(out)  # inputs or config changed: the old checkpoints belong to another run
+    cfg = train_config(ctx, "offline")
+    final = train_offline(cfg, out_dir=out, resume=True, kill_switch=ctx.kill_switch, stop=ctx.stop)
+    export_final(cfg, out / "checkpoints", out / "final")
+    return {
+        k: round(v, 5) if isinstance(v, float) else v for k, v in final.items() if isinstance(v, (int, float))
+    }
+
+
+def export_final(cfg: Any, ckpt_root: Path, target: Path) -> None:
+    """The newest checkpoint as a ``save_pretrained`` model directory (what evaluation and GRPO load)."""
+    import torch
+
+    from composer_replication.trainer import checkpoint as ckpt
+    from composer_replication.trainer.offline import load_model
+
+    latest = ckpt.latest_checkpoint(ckpt_root)
+    if latest is None:
+        raise RuntimeError(f"{ckpt_root}: training finished without a checkpoint")
+    model, tok = load_model(cfg, torch.device("cpu"))
+    ckpt.restore_model(model, ckpt.load_checkpoint(latest)["model"])
+    if hasattr(model, "merge_and_unload"):  # LoRA: ship merged weights so any loader can read them
+        model = model.merge_and_unload()
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
+def _nonempty(p: Path) -> bool:
+    return p.exists() and p.stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------- evaluate + report
+
+
+def _evaluate(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.pipeline.evaluate import GreedyGenerator, evaluate_sites
+
+    ec = ctx.config.evaluate
+    sites = list(read_jsonl(ctx.path("split", "heldout_states.jsonl")))[: ec.max_sites]
+    cache = ctx.path("eval", "generations.jsonl")
+    result: dict[str, Any] = {
+        "note": "Recovery at held-out error sites: valid = well-formed action; tool match = same tool sequence as the "
+        "recorded recovery; exact = same canonical action as the recorded recovery.",
+        "heldout_sites": len(sites),
+    }
+    for phase, model in (("before", student_dir(ctx)), ("after", final_model_dir(ctx))):
+        gen = GreedyGenerator(
+            model, cache, max_new_tokens=ec.max_new_tokens, max_prompt_tokens=ec.max_prompt_tokens
+        )
+        result[phase] = {"model": str(model), **evaluate_sites(gen, sites, stop=ctx.stop)}
+        if ec.sandbox_tasks:
+            result[phase].update(sandbox_pass_rate(ctx, model))
+    atomic_write_json(ctx.path("eval", "eval.json"), result)
+    out = {"sites": len(sites)}
+    for phase in ("before", "after"):
+        for k in ("valid_rate", "tool_match_rate", "exact_match_rate", "sandbox_pass_rate"):
+            v = result[phase].get(k)
+            if v is not None:
+                out[f"{phase}_{k}"] = round(v, 3)
+    return out
+
+
+def sandbox_pass_rate(ctx: RunContext, model_dir: Path) -> dict[str, Any]:
+    """Greedy attempt per bundled task, checked in the sandbox."""
+    return {}
+
+
+def _report(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.pipeline.report import write_report
+
+    path = write_report(ctx.run_dir, title=ctx.config.report.title)
+    return {"report": str(path.relative_to(ctx.run_dir))}
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+def _p(*parts: str):  # an inputs/outputs function over fixed run-dir paths
+    return lambda ctx: [ctx.path(*x.split("/")) for x in parts]
+
+
+def build_stages() -> list[Stage]:
+    """The stages in order. Each names the config sections that decide its output (its cache key)."""
+    return [
+        Stage(
+            "ingest",
+            ("sources",),
+            lambda ctx: [Path(p) for p in ctx.config.sources.paths],
+            _p("ingest/states.jsonl", "ingest/traces.jsonl", "ingest/stats.json"),
+            _ingest,
+            description="parse sessions, redact secrets",
+        ),
+        Stage(
+            "split",
+            ("sources", "seed"),
+            _p("ingest/states.jsonl", "ingest/traces.jsonl"),
+            _p("split/train_states.jsonl", "split/train_traces.jsonl", "split/heldout_states.jsonl"),
+            _split,
+            description="hold out traces for evaluation",
+        ),
+        Stage(
+            "replay",
+            ("replay",),
+            _p("split/train_states.jsonl"),
+            _p("replay/states.jsonl", "replay/teacher_calls.jsonl"),
+            _replay,
+            description="teachers answer each error site, under the spend cap",
+        ),
+        Stage(
+            "pairs",
+            ("replay", "pairs"),
+            _p("replay/states.jsonl", "replay/teacher_calls.jsonl"),
+            _p("pairs/raw_pairs.jsonl", "pairs/per_teacher.json"),
+            _pairs,
+            description="consensus preference pairs",
+        ),
+        Stage(
+            "normalize",
+            ("normalize",),
+            _p("pairs/raw_pairs.jsonl"),
+            _p("normalize/pairs.jsonl"),
+            _normalize,
+            description="data-juicer dedup and filters",
+        ),
+        Stage(
+            "train_offline",
+            ("student", "train"),
+            _p("split/train_traces.jsonl", "normalize/pairs.jsonl"),
+            _p("train/offline/final"),
+            _train_offline,
+            description="SFT + SDPO + DPO",
+        ),
+        Stage(
+            "train_grpo",
+            ("student", "train", "grpo"),
+            _p("train/offline/final"),
+            _p("train/grpo/final"),
+            _train_grpo,
+            enabled=lambda cfg: cfg.grpo.enabled,
+            description="GRPO on sandbox tasks",
+        ),
+        Stage(
+            "evaluate",
+            ("student", "evaluate", "grpo"),
+            lambda ctx: [ctx.path("split", "heldout_states.jsonl"), final_model_dir(ctx)],
+            _p("eval/eval.json"),
+            _evaluate,
+            description="held-out recovery and sandbox pass rate, before/after",
+        ),
+        Stage(
+            "report",
+            ("report",),
+            _p("eval/eval.json", "pairs/per_teacher.json", "replay/teacher_calls.jsonl", "train"),
+            _p("report/report.html"),
+            _report,
+            description="report.html with plots",
+        ),
+    ]
+
+
+def make_kill_switch(run_dir: Path, config: RunConfig) -> Any:
+    """The run's kill switch: spend cap over the replay ledger, a STOP file, training health."""
+    from composer_replication.pipeline.status import spent_usd
+    from composer_replication.safety.kill_switch import KillSwitch
+
+    ledger = run_dir / "replay" / "ledger.jsonl"
+    return KillSwitch(
+        max_spend_usd=config.replay.max_total_usd, spend=lambda: spent_usd(ledger),
+        stop_file=run_dir / "STOP", log_path=run_dir / "kill_switch.jsonl",
+    )  # fmt: skip
+
+
+def run_pipeline(
+    config: RunConfig,
+    run_dir: str | Path,
+    *,
+    force: tuple[str, ...] | list[str] = (),
+    until: str | None = None,
+    log: Any = print,
+) -> Path | None:
+    """Run (or resume) the whole pipeline in ``run_dir``; returns the report path once written."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ks = make_kill_switch(run_dir, config)
+    try:
+        Runner(run_dir, config, build_stages(), log=log, kill_switch=ks).run(force=force, until=until)
+    finally:
+        ks.close()
+    report = run_dir / "report" / "report.html"
+    return report if report.exists() else None
+
+
+def demo_config(*, fast: bool = False) -> RunConfig:
+    """The bundled demo: example sessions, SmolLM2 student (``fast``: tiny models), in-process teachers."""
+    from importlib import resources
+
+    from composer_replication.pipeline.config import load_run_config
+
+    data = resources.files("composer_replication") / "data"
+    cfg = load_run_config(Path(str(data / "demo.yaml")))
+    if fast:
+        fast_over = json.loads((data / "demo_fast.json").read_text())
+        merged = cfg.model_dump(mode="json")
+        _deep_update(merged, fast_over)
+        cfg = RunConfig.model_validate(merged)
+    return cfg
+
+
+def _deep_update(d: dict[str, Any], u: dict[str, Any]) -> None:
+    for k, v in u.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            _deep_update(d[k], v)
+        else:
+            d[k] = v
