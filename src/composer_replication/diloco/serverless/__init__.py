@@ -1,0 +1,28 @@
+"""Serverless DiLoCo (API reference §12, §15): executors for local processes, Modal, HF Jobs,
+SageMaker and EKS behind one protocol, and an all-reduce through an object store for replicas that
+cannot reach each other.
+
+Light to import: the executors' SDKs (and torchft) load only when a backend is used.
+"""
+
+from __future__ import annotations
+
+from composer_replication.diloco.serverless.executor import (
+    BACKENDS,
+    DEFAULT_ENTRYPOINT,
+    ReplicaFailedError,
+    ReplicaHandle,
+    ReplicaResult,
+    ServerlessExecutor,
+    get_executor,
+)
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_ENTRYPOINT",
+    "ReplicaFailedError",
+    "ReplicaHandle",
+    "ReplicaResult",
+    "ServerlessExecutor",
+    "get_executor",
+]
