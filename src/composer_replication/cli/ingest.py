@@ -1,0 +1,109 @@
+"""Parse Claude Code / Codex CLI session logs into states.jsonl and traces.jsonl (secrets redacted).
+
+PATH may be a session .jsonl, a project folder, or a root such as ~/.claude/projects or ~/.codex/sessions;
+without PATH the default roots are used. The format is detected per file. Outputs are written atomically;
+rerunning with unchanged inputs does nothing (use --force to redo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="session files or folders (default: ~/.claude/projects and ~/.codex/sessions)",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="output folder for states.jsonl, traces.jsonl, ingest_stats.json",
+    )
+    parser.add_argument(
+        "--no-redact", action="store_true", help="DANGEROUS: keep API keys and passwords in the output"
+    )
+    parser.add_argument("--yes-i-know", action="store_true", help="confirm --no-redact without a prompt")
+    parser.add_argument(
+        "--include-sidechains",
+        action="store_true",
+        help="also ingest subagent transcripts as their own traces",
+    )
+    parser.add_argument(
+        "--keep-thinking", action="store_true", help="keep [THINKING] blocks in the history given to teachers"
+    )
+    parser.add_argument(
+        "--max-history-tokens",
+        type=int,
+        default=None,
+        help="drop the oldest turns of each state's history beyond this many (estimated) tokens",
+    )
+    parser.add_argument(
+        "--example-max-tokens",
+        type=int,
+        default=8192,
+        help="size cap of one traces.jsonl example (estimated tokens)",
+    )
+    parser.add_argument("--force", action="store_true", help="rerun even if the inputs did not change")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from composer_replication.ingestion import default_session_roots, ingest_paths
+
+    paths = args.paths or default_session_roots()
+    if not paths:
+        raise FileNotFoundError("no PATH given and neither ~/.claude/projects nor ~/.codex/sessions exists")
+    if args.no_redact:
+        print(
+            "WARNING: --no-redact writes secrets found in the sessions (API keys, passwords) to disk.",
+            file=sys.stderr,
+        )
+        if not args.yes_i_know:
+            if not sys.stdin.isatty():
+                raise ValueError("--no-redact needs --yes-i-know when not run interactively")
+            if input("Type 'yes' to continue without redaction: ").strip().lower() != "yes":
+                print("aborted", file=sys.stderr)
+                return 1
+    result = ingest_paths(
+        paths,
+        args.out,
+        redact=not args.no_redact,
+        skip_sidechain=not args.include_sidechains,
+        strip_thinking=not args.keep_thinking,
+        max_history_tokens=args.max_history_tokens,
+        example_max_tokens=args.example_max_tokens,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        force=args.force,
+    )
+    _print_table(result)
+    return 0
+
+
+def _print_table(result: dict[str, Any]) -> None:
+    if result.get("skipped_unchanged"):
+        print(f"inputs unchanged since the last run; outputs in {result['out_dir']} kept (--force to redo)")
+    t = result["totals"]
+    rows = [
+        ("files", t["n_files"]), ("records", t["n_records_total"]), ("bad lines", t["skipped_truncated_lines"]),
+        ("duplicates dropped", t["n_duplicates"]), ("sidechain records skipped", t["skipped_subagent"]),
+        ("API-error records dropped", t["n_api_errors"]), ("compactions", t["n_compactions"]),
+        ("assistant turns", t["n_assistant_turns"]), ("states written", t["n_states_emitted"]),
+        ("tool calls", t["n_tool_use_blocks"]), ("tool errors", t["n_tool_errors"]),
+        ("examples written", t["n_examples"]), ("secrets redacted", sum(t["redactions"].values())),
+    ]  # fmt: skip
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v:>10,}")
+    if t["error_kinds"]:
+        print("  error kinds: " + ", ".join(f"{k}={v}" for k, v in sorted(t["error_kinds"].items())))
+    if t["redactions"]:
+        print("  redacted: " + ", ".join(f"{k}={v}" for k, v in sorted(t["redactions"].items())))
+    for w in t["version_warnings"] or []:
+        print(f"  warning: {w}")
+    print(f"wrote {result['out_dir']}/states.jsonl, traces.jsonl, ingest_stats.json")

@@ -1,0 +1,343 @@
+"""Claude Code session JSONL -> ``TraceState`` stream (one state per assistant turn) and ``TraceExample`` rows.
+
+The format is unspecified and changes between CLI versions (notes: interfaces.md §1). What this parser does:
+
+* one API response is written as several ``assistant`` lines sharing ``message.id``: they are merged into
+  one turn (one ``TraceState``); parallel tool calls that fork the ``parentUuid`` tree are kept;
+* the active branch of an edited/rewound session is found by walking ``parentUuid`` up from the last turn
+  (through ``logicalParentUuid`` at compaction boundaries); other branches are dropped and counted;
+* records repeated by a resumed session are dropped by ``uuid`` (pass ``seen_uuids`` to share across files);
+* ``compact_boundary`` starts a new segment whose history opens with the compaction summary;
+* synthetic API-error records, ``isMeta`` injections, bookkeeping and unknown record types never reach the
+  history; sidechains (inline ``isSidechain``, ``agent-*.jsonl`` files, ``subagents/`` folders) are skipped by
+  default, or become conversations of their own with ``skip_sidechain=False``;
+* tool results are paired with their calls; failures (``is_error``, ``<tool_use_error>``, a non-zero exit
+  code without the flag) become error sites with an ``error_kind``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from composer_replication.ingestion._reader import check_version, read_records, text_of
+from composer_replication.ingestion._session import (
+    Block,
+    BuildOptions,
+    Event,
+    IngestionStats,
+    build,
+    estimate_tokens,
+    tool_error_meta,
+)
+from composer_replication.ingestion.errors import classify_error, detect_failure
+from composer_replication.ingestion.redact import Redactor
+
+__all__ = ["SYSTEM_PROMPT", "ClaudeCodeIngester", "IngestionStats"]
+
+SYSTEM_PROMPT = (
+    "You are a senior software engineer working as a coding agent in a terminal environment. You read and "
+    "edit files, run commands and tests, and use the tools available to you to complete the user's task. "
+    "Each tool call is one line `[TOOL_USE] name=<tool> input=<json>`; tool results come back as "
+    "`[TOOL_RESULT name=<tool> is_error=<true|false>]` messages. Act carefully: read before editing, check "
+    "the result of every command, and recover from errors instead of repeating a failing call."
+)
+
+TESTED_VERSIONS = ((1, 0, 0), (2, 1, 288))
+_KNOWN_TYPES = frozenset(
+    "user assistant system summary file-history-snapshot attachment progress queue-operation ai-title "
+    "custom-title last-prompt permission-mode mode worktree-state pr-link agent-setting atis-latch".split()
+)
+
+
+def is_subagent_path(path: Path) -> bool:
+    return path.name.startswith("agent-") or "subagents" in path.parts
+
+
+class ClaudeCodeIngester:
+    """Convert a Claude Code session JSONL into ``TraceState``s, one per assistant turn."""
+
+    def __init__(
+        self,
+        *,
+        system_prompt: str = SYSTEM_PROMPT,
+        skip_sidechain: bool = True,
+        strip_thinking: bool = True,
+        max_history_tokens: int | None = None,
+        token_counter: Callable[[str], int] | None = None,
+        redact: bool = True,
+        redactor: Redactor | None = None,
+        example_max_tokens: int = 8192,
+    ) -> None:
+        self.opts = BuildOptions(
+            system_prompt=system_prompt,
+            strip_thinking=strip_thinking,
+            max_history_tokens=max_history_tokens,
+            token_counter=token_counter or estimate_tokens,
+            example_max_tokens=example_max_tokens,
+            source="claude_code",
+        )
+        self.skip_sidechain = skip_sidechain
+        self.redactor = redactor or Redactor(enabled=redact)
+        self.last_stats = IngestionStats()
+        self.last_examples: list[dict[str, Any]] = []
+
+    def ingest(self, path: Path, *, seen_uuids: set[str] | None = None) -> Iterator[dict[str, Any]]:
+        """Yield ``TraceState``s (``state_id = f"{path.stem}::{idx:04d}"``); examples land in ``last_examples``."""
+        states, examples, stats = self.ingest_file(Path(path), seen_uuids=seen_uuids)
+        self.last_stats = stats
+        self.last_examples = examples
+        yield from states
+
+    def ingest_file(
+        self, path: Path, *, seen_uuids: set[str] | None = None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], IngestionStats]:
+        stats = IngestionStats(n_files=1)
+        self.last_stats = stats
+        before = dict(self.redactor.counts)
+        records = read_records(path, stats)
+        convs = self._conversations(path, records, stats, seen_uuids)
+        states, examples = build(convs, path.stem, self.opts, stats)
+        for k, v in self.redactor.counts.items():
+            if v - before.get(k, 0):
+                stats.redactions[k] = v - before.get(k, 0)
+        return states, examples, stats
+
+    # -- parsing -------------------------------------------------------------------------------------------
+
+    def _conversations(
+        self, path: Path, records: list[dict[str, Any]], stats: IngestionStats, seen: set[str] | None
+    ) -> list[list[list[Event]]]:
+        local: set[str] = set()
+        kept: list[dict[str, Any]] = []
+        for rec in records:
+            t = rec.get("type")
+            if t not in _KNOWN_TYPES:
+                stats.n_unknown_types += 1
+            if t == "summary":
+                stats.skipped_summary += 1
+            uid = rec.get("uuid")
+            if isinstance(uid, str):
+                if uid in local or (seen is not None and uid in seen):
+                    stats.n_duplicates += 1
+                    continue
+                local.add(uid)
+            if "version" in rec:
+                check_version(rec["version"], *TESTED_VERSIONS, "Claude Code", path, stats.version_warnings)
+            kept.append(rec)
+        if seen is not None:
+            seen.update(local)
+
+        chat = [r for r in kept if r.get("type") in ("user", "assistant")]
+        whole_file_sidechain = is_subagent_path(path) or (
+            chat and all(r.get("isSidechain") is True for r in chat)
+        )
+        if whole_file_sidechain:
+            if self.skip_sidechain:
+                stats.skipped_subagent += len(chat)
+                stats.n_records_skipped = stats.n_records_total
+                return []
+            groups = [kept]
+        else:
+            main = [r for r in kept if r.get("isSidechain") is not True]
+            side = [r for r in kept if r.get("isSidechain") is True]
+            groups = [self._active_branch(main, stats)]
+            if side:
+                if self.skip_sidechain:
+                    stats.skipped_subagent += sum(1 for r in side if r.get("type") in ("user", "assistant"))
+                else:
+                    groups.extend(_sidechain_groups(side))
+        convs = []
+        used = 0
+        for g in groups:
+            conv, n = self._events(g, stats)
+            used += n
+            if any(conv):
+                convs.append([seg for seg in conv if seg])
+        stats.n_records_skipped = stats.n_records_total - used
+        return convs
+
+    def _active_branch(self, recs: list[dict[str, Any]], stats: IngestionStats) -> list[dict[str, Any]]:
+        """Records on the branch that ends at the last turn, plus parallel-call siblings of that branch."""
+        by_uuid = {r["uuid"]: r for r in recs if isinstance(r.get("uuid"), str)}
+        leaf = next(
+            (r for r in reversed(recs) if r.get("type") in ("user", "assistant") and "uuid" in r), None
+        )
+        if leaf is None or not by_uuid:
+            return recs
+        chain: set[str] = set()
+        node: dict[str, Any] | None = leaf
+        while node is not None and node["uuid"] not in chain:
+            chain.add(node["uuid"])
+            parent = node.get("parentUuid") or node.get("logicalParentUuid")
+            node = by_uuid.get(parent) if isinstance(parent, str) else None
+        msg_ids = {_msg_id(r) for r in recs if r.get("uuid") in chain and r.get("type") == "assistant"}
+        out, tool_ids = [], set()
+        for r in recs:
+            uid = r.get("uuid")
+            t = r.get("type")
+            keep = uid in chain or not isinstance(uid, str)
+            if not keep and t == "assistant" and _msg_id(r) in msg_ids:
+                keep = True
+            if not keep and t == "user":
+                ids = _tool_result_ids(r)
+                keep = bool(ids) and ids <= tool_ids
+            if keep:
+                out.append(r)
+                if t == "assistant":
+                    tool_ids.update(_tool_use_ids(r))
+            elif t in ("user", "assistant"):
+                stats.n_off_branch += 1
+        return out
+
+    def _events(self, recs: list[dict[str, Any]], stats: IngestionStats) -> tuple[list[list[Event]], int]:
+        red = self.redactor.redact
+        segments: list[list[Event]] = [[]]
+        calls: dict[str, Block] = {}
+        used = 0
+        for r in recs:
+            t = r.get("type")
+            if t == "system":
+                if r.get("subtype") == "compact_boundary":
+                    stats.n_compactions += 1
+                    if segments[-1]:
+                        segments.append([])
+                    used += 1
+                elif r.get("subtype") == "api_error":
+                    stats.n_api_errors += 1
+                continue
+            msg = r.get("message")
+            if t not in ("user", "assistant") or not isinstance(msg, dict):
+                continue
+            seg = segments[-1]
+            if t == "assistant":
+                if r.get("isApiErrorMessage") or msg.get("model") == "<synthetic>":
+                    stats.n_api_errors += 1
+                    continue
+                used += 1
+                key = _msg_id(r)
+                blocks = self._assistant_blocks(msg.get("content"), stats)
+                for b in blocks:
+                    if b.kind == "tool_use":
+                        calls[b.id] = b
+                last = next((e for e in reversed(seg) if e.kind != "tool"), None)
+                if last is not None and last.kind == "assistant" and last.key == key:
+                    assert last.blocks is not None
+                    last.blocks.extend(blocks)
+                else:
+                    seg.append(Event("assistant", blocks=blocks, key=key))
+                continue
+            # user record
+            if r.get("isCompactSummary"):
+                if seg:
+                    segments.append([])
+                segments[-1].append(Event("user", text=red(text_of(msg.get("content")))))
+                used += 1
+                continue
+            if r.get("isMeta"):
+                stats.n_meta_skipped += 1
+                continue
+            used += 1
+            content = msg.get("content")
+            if isinstance(content, str):
+                if content.strip():
+                    seg.append(Event("user", text=red(content)))
+                continue
+            if not isinstance(content, list):
+                continue
+            for b in content:
+                if not isinstance(b, dict):
+                    continue
+                if b.get("type") == "tool_result":
+                    seg.append(self._tool_event(b, r, calls, stats))
+                else:
+                    text = text_of([b])
+                    if text.strip():
+                        seg.append(Event("user", text=red(text)))
+        return segments, used
+
+    def _assistant_blocks(self, content: Any, stats: IngestionStats) -> list[Block]:
+        red = self.redactor.redact
+        if isinstance(content, str):
+            stats.n_text_blocks += 1
+            return [Block("text", red(content))]
+        out = []
+        for b in content if isinstance(content, list) else []:
+            if not isinstance(b, dict):
+                continue
+            kind = b.get("type")
+            if kind == "text":
+                stats.n_text_blocks += 1
+                out.append(Block("text", red(str(b.get("text") or ""))))
+            elif kind == "tool_use":
+                stats.n_tool_use_blocks += 1
+                tool_input = self.redactor.redact_obj(b.get("input", {}))
+                out.append(
+                    Block(
+                        "tool_use", name=str(b.get("name") or "unknown"), input=tool_input, id=b.get("id", "")
+                    )
+                )
+            elif kind == "thinking":
+                stats.n_thinking_blocks += 1
+                out.append(Block("thinking", red(str(b.get("thinking") or ""))))
+        return out
+
+    def _tool_event(
+        self, b: dict[str, Any], rec: dict[str, Any], calls: dict[str, Block], stats: IngestionStats
+    ) -> Event:
+        stats.n_tool_results += 1
+        tid = str(b.get("tool_use_id") or "")
+        call = calls.get(tid)
+        if call is None:
+            stats.n_orphan_tool_results += 1
+        name = call.name if call else "unknown"
+        tool_input = call.input if call else None
+        raw = text_of(b.get("content"))
+        structured = rec.get("toolUseResult")
+        failed, code = detect_failure(raw, is_error_flag=b.get("is_error") is True, structured=structured)
+        text = self.redactor.redact(raw)
+        ev = Event("tool", text=text, tool_name=name, tool_use_id=tid, tool_input=tool_input)
+        if failed:
+            stats.n_tool_errors += 1
+            kind = classify_error(raw, exit_code=code, denial=rec.get("toolDenialKind"))
+            ev.error_kind = kind
+            ev.error_meta = tool_error_meta(kind, name, text, tool_input, code)
+            ev.error = ev.error_meta["error_message"] or "(empty error output)"
+        return ev
+
+
+def _msg_id(r: dict[str, Any]) -> str:
+    m = r.get("message")
+    mid = m.get("id") if isinstance(m, dict) else None
+    return mid if isinstance(mid, str) else str(r.get("uuid", id(r)))
+
+
+def _tool_use_ids(r: dict[str, Any]) -> set[str]:
+    c = r.get("message", {}).get("content") if isinstance(r.get("message"), dict) else None
+    return (
+        {b.get("id") for b in c if isinstance(b, dict) and b.get("type") == "tool_use"}
+        if isinstance(c, list)
+        else set()
+    )
+
+
+def _tool_result_ids(r: dict[str, Any]) -> set[str]:
+    c = r.get("message", {}).get("content") if isinstance(r.get("message"), dict) else None
+    if not isinstance(c, list):
+        return set()
+    return {b.get("tool_use_id") for b in c if isinstance(b, dict) and b.get("type") == "tool_result"}
+
+
+def _sidechain_groups(side: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Split inline sidechain records into one group per subagent run (by root of the parent chain)."""
+    parent = {r["uuid"]: r.get("parentUuid") for r in side if isinstance(r.get("uuid"), str)}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in side:
+        node = r.get("uuid")
+        seen = set()
+        while isinstance(node, str) and parent.get(node) in parent and node not in seen:
+            seen.add(node)
+            node = parent[node]
+        groups.setdefault(str(node), []).append(r)
+    return list(groups.values())

@@ -1,0 +1,144 @@
+"""Classify a failed tool call into an ``error_kind`` (the key the hint generator dispatches on).
+
+Both agents report failures loosely: Claude Code sets ``is_error`` on most failures but not on every failing
+Bash command; Codex never sets a flag and reports exit codes in the output. :func:`detect_failure` decides
+*whether* a result is an error, :func:`classify_error` decides *which* kind. Rules are ordered from the most
+specific message to the most generic; the first match wins.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+ERROR_KINDS: tuple[str, ...] = (
+    "tool_not_found",
+    "json_decode",
+    "type_error",
+    "permission_denied",
+    "user_rejected",
+    "timeout",
+    "file_not_found",
+    "edit_mismatch",
+    "file_not_read",
+    "output_too_large",
+    "hook_blocked",
+    "interrupted",
+    "runtime_error",
+    "repeated_failure",
+)
+
+_RULES: list[tuple[str, re.Pattern[str]]] = [
+    (
+        "tool_not_found",
+        re.compile(
+            r"No such tool available|[Uu]nknown tool|[Tt]ool .{0,40} (?:not found|does not exist)"
+            r"|is not a valid tool|unsupported call|unknown function|[Uu]nsupported tool"
+        ),
+    ),
+    (
+        "json_decode",
+        re.compile(
+            r"JSONDecodeError|[Ii]nvalid JSON|failed to parse (?:function )?arguments|Expecting value: line"
+            r"|[Uu]nexpected token .{0,20} in JSON|could not parse .{0,20}json"
+        ),
+    ),
+    (
+        "type_error",
+        re.compile(
+            r"InputValidationError|TypeError|invalid_type|[Rr]equired parameter .{0,40} is missing"
+            r"|[Uu]nexpected (?:parameter|keyword argument)|[Ii]nvalid (?:parameter|argument)s?\b"
+            r"|expected .{0,20}, (?:got|received) "
+        ),
+    ),
+    (
+        "user_rejected",
+        re.compile(r"user doesn't want to proceed|User rejected tool use|rejected by (?:the )?user"),
+    ),
+    (
+        "permission_denied",
+        re.compile(
+            r"[Pp]ermission denied|EACCES|[Oo]peration not permitted|requires approval|sandbox denied"
+        ),
+    ),
+    ("timeout", re.compile(r"[Tt]imed out|TimeoutError|[Tt]imeout (?:exceeded|expired)|Command timed out")),
+    (
+        "edit_mismatch",
+        re.compile(
+            r"String to replace not found|[Ff]ound \d+ matches of the string|old_string|"
+            r"apply_patch verification failed|[Ff]ailed to (?:apply|find) (?:patch|context)"
+        ),
+    ),
+    ("file_not_read", re.compile(r"File has not been read yet|[Rr]ead it first before")),
+    (
+        "file_not_found",
+        re.compile(
+            r"No such file or directory|File does not exist|ENOENT|FileNotFoundError|[Pp]ath does not exist"
+        ),
+    ),
+    ("output_too_large", re.compile(r"exceeds maximum allowed|[Oo]utput too large|exceeds the maximum")),
+    ("hook_blocked", re.compile(r"hook error|[Hh]ook (?:blocked|denied)|[Pp]re-commit validation failed")),
+    ("interrupted", re.compile(r"\[Request interrupted|[Ii]nterrupted by user")),
+]
+
+_EXIT_RE = re.compile(r"(?:Process exited with code|[Ee]xit code:?|exited with status)\s+(-?\d+)")
+_TRACEBACK_RE = re.compile(r"Traceback \(most recent call last\)")
+
+
+def exit_code_of(text: str, structured: Any = None) -> int | None:
+    """The exit code reported by a shell tool, from structured fields first, else from the text."""
+    if isinstance(structured, dict):
+        for key in ("exit_code", "exitCode", "returnCode", "return_code"):
+            v = structured.get(key)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+        meta = structured.get("metadata")
+        if isinstance(meta, dict) and isinstance(meta.get("exit_code"), int):
+            return meta["exit_code"]
+    m = _EXIT_RE.search(text[:4000]) or _EXIT_RE.search(text[-2000:])
+    return int(m.group(1)) if m else None
+
+
+def detect_failure(text: str, *, is_error_flag: bool, structured: Any = None) -> tuple[bool, int | None]:
+    """Return ``(failed, exit_code)``.
+
+    A result fails when the agent flagged it, when a shell reports a non-zero exit code, when the
+    structured result says ``interrupted``, or when the text is Claude Code's ``<tool_use_error>``.
+    """
+    code = exit_code_of(text, structured)
+    if is_error_flag:
+        return True, code
+    if code is not None and code != 0:
+        return True, code
+    if isinstance(structured, dict) and structured.get("interrupted") is True:
+        return True, code
+    if "<tool_use_error>" in text[:200]:
+        return True, code
+    return False, code
+
+
+def classify_error(text: str, *, exit_code: int | None = None, denial: Any = None) -> str:
+    """Map an error text to one of :data:`ERROR_KINDS` (never ``repeated_failure``: that needs history)."""
+    if denial:
+        return "permission_denied"
+    head = text[:3000]
+    for kind, rx in _RULES:
+        if rx.search(head):
+            return kind
+    if exit_code == 124:
+        return "timeout"
+    if exit_code == 127 or "command not found" in head:
+        return "tool_not_found" if "command not found" not in head else "runtime_error"
+    if _TRACEBACK_RE.search(text):
+        return "runtime_error"
+    return "runtime_error"
+
+
+def clean_error_message(text: str, limit: int = 2000) -> str:
+    """The error text without Claude Code's wrapper, cut to ``limit`` characters."""
+    t = text.strip()
+    if t.startswith("<tool_use_error>"):
+        t = t[len("<tool_use_error>") :]
+        if t.endswith("</tool_use_error>"):
+            t = t[: -len("</tool_use_error>")]
+    return t[:limit]
