@@ -1,0 +1,39 @@
+"""Sandboxed rollouts and data generation: sandboxes (bwrap, docker), coding tasks, the agent loop, the TRL env.
+
+Import the submodules directly (``datagen.sandbox``, ``datagen.rollout``, ``datagen.env``); names here are
+resolved lazily so that importing the package stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Sandbox": "sandbox",
+    "ExecResult": "sandbox",
+    "SandboxError": "sandbox",
+    "SandboxLimits": "sandbox",
+    "make_sandbox": "sandbox",
+    "BwrapSandbox": "bwrap_sandbox",
+    "DockerSandbox": "docker_sandbox",
+    "Task": "tasks",
+    "bundled_tasks": "tasks",
+    "load_task": "tasks",
+    "load_tasks": "tasks",
+    "run_rollout": "rollout",
+    "run_rollouts": "rollout",
+    "RolloutResult": "rollout",
+    "ScriptedPolicy": "rollout",
+    "HFPolicy": "rollout",
+    "oracle_policy": "rollout",
+    "SandboxCodingEnv": "env",
+    "make_test_reward": "env",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'composer_replication.datagen' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"composer_replication.datagen.{_EXPORTS[name]}"), name)

@@ -1,0 +1,207 @@
+"""Docker (or podman) sandbox, driven through the CLI as mini-swe-agent does; re-exports the protocol.
+
+What is covered:
+- One long-lived container per sandbox (``docker run -d ... sleep infinity``), each command through
+  ``docker exec``; the container has **no network** (``--network none``), a **read-only root**
+  (``--read-only``), a **tmpfs workspace** and ``/tmp`` (size-capped, ``noexec`` off so tests can run),
+  CPU / memory / swap / **pids** limits, a **non-root user** (``--user 65534:65534``), **all capabilities
+  dropped**, ``no-new-privileges``, and ulimits for file size and open files.
+- Wall clock: each command runs under ``timeout --signal=KILL`` *inside* the container (the agent's
+  timeout: ``timed_out=True``); if the docker CLI itself hangs past that plus a grace period, the
+  harness raises `SandboxError` (an infra failure, never a reward of 0).
+- Files go in and out through ``docker exec -i`` + ``cat`` (``docker cp`` cannot write into tmpfs).
+- ``executable="podman"`` uses the same flags (podman accepts them).
+
+What is not covered:
+- Image pulls: the image must already be present (CI machines cannot pull; ``python:3.11-slim`` default).
+- Kernel isolation beyond namespaces and seccomp: use ``runtime="runsc"`` (gVisor) when installed.
+- Live tests need a daemon; on machines without one the tests check the exact argv only.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+
+from composer_replication.datagen.sandbox import (  # re-exported: the §16 module is the protocol's home
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    check_command,
+    make_sandbox,
+    safe_relpath,
+    truncate_output,
+)
+
+__all__ = [
+    "DockerSandbox",
+    "ExecResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "docker_available",
+    "make_sandbox",
+]
+
+WORKDIR = "/workspace"
+_GRACE_S = 15.0  # extra seconds the docker CLI gets beyond the in-container timeout before it is "infra"
+
+
+@functools.lru_cache(maxsize=4)
+def docker_available(executable: str = "docker") -> bool:
+    """True when ``executable`` exists and a daemon answers ``info`` within 5 s."""
+    if shutil.which(executable) is None:
+        return False
+    try:
+        r = subprocess.run([executable, "info"], capture_output=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+class DockerSandbox:
+    """A container with a tmpfs workspace (see module docstring).
+
+    Args:
+        limits: resource limits (``cpu_s`` becomes ``--cpus`` = 1 and an RLIMIT_CPU ulimit).
+        image: a locally present image with ``bash`` and ``timeout`` (coreutils).
+        executable: ``"docker"`` or ``"podman"``.
+        runtime: an OCI runtime such as ``"runsc"`` (gVisor), or None for the default.
+        cpus: ``--cpus`` for the container.
+    """
+
+    type = "docker"
+    workdir = WORKDIR
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        image: str = "python:3.11-slim",
+        executable: str = "docker",
+        runtime: str | None = None,
+        cpus: float = 1.0,
+        user: str = "65534:65534",
+    ) -> None:
+        self.limits = limits or SandboxLimits()
+        self.image = image
+        self.executable = executable
+        self.runtime = runtime
+        self.cpus = cpus
+        self.user = user
+        self.name = f"cr-sandbox-{uuid.uuid4().hex[:12]}"
+        self.container_id: str | None = None
+
+    # ----------------------------------------------------------------- argv builders (pure)
+    def run_argv(self) -> list[str]:
+        """The ``docker run`` argv that starts the sandbox container."""
+        lim = self.limits
+        uid, _, gid = self.user.partition(":")
+        mb = 1024 * 1024
+        argv = [self.executable, "run", "-d", "--rm", "--name", self.name]
+        argv += ["--network", "none", "--read-only", "--user", self.user, "--workdir", WORKDIR]
+        argv += [
+            "--tmpfs",
+            f"{WORKDIR}:rw,exec,size={lim.workspace_mb}m,uid={uid},gid={gid or uid},mode=0755",
+        ]
+        argv += ["--tmpfs", "/tmp:rw,exec,size=64m,mode=1777"]
+        argv += [
+            "--cpus",
+            str(self.cpus),
+            "--memory",
+            f"{lim.memory_mb}m",
+            "--memory-swap",
+            f"{lim.memory_mb}m",
+        ]
+        argv += ["--pids-limit", str(lim.nproc), "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
+        argv += ["--ulimit", f"fsize={lim.fsize_mb * mb}:{lim.fsize_mb * mb}", "--ulimit", "nofile=256:256"]
+        argv += ["--ulimit", f"cpu={lim.cpu_s}:{lim.cpu_s}", "--ulimit", "core=0:0"]
+        argv += ["--env", "HOME=" + WORKDIR, "--env", "PYTHONDONTWRITEBYTECODE=1"]
+        argv += ["--env", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1"]
+        if self.runtime:
+            argv += ["--runtime", self.runtime]
+        argv += [self.image, "sleep", "infinity"]
+        return argv
+
+    def exec_argv(self, cmd: str, timeout: float, *, stdin: bool = False) -> list[str]:
+        """The ``docker exec`` argv for one command under an in-container ``timeout --signal=KILL``."""
+        target = self.container_id or self.name
+        argv = [self.executable, "exec"] + (["-i"] if stdin else []) + ["-w", WORKDIR, target]
+        return argv + ["timeout", "--signal=KILL", f"{timeout:g}", "bash", "-c", cmd]
+
+    def stop_argv(self) -> list[str]:
+        return [self.executable, "rm", "-f", self.container_id or self.name]
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        if self.container_id is not None:
+            return
+        if not docker_available(self.executable):
+            raise SandboxError(
+                f"{self.executable} daemon not reachable; use type='bwrap' where there is no daemon"
+            )
+        r = subprocess.run(self.run_argv(), capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise SandboxError(f"{self.executable} run failed: {r.stderr.strip()}")
+        self.container_id = r.stdout.strip()
+
+    def stop(self) -> None:
+        if self.container_id is not None:
+            subprocess.run(self.stop_argv(), capture_output=True, timeout=60)
+            self.container_id = None
+
+    def __enter__(self) -> DockerSandbox:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------------- exec and files
+    def _run(
+        self, argv: list[str], timeout: float, stdin: bytes | None = None
+    ) -> subprocess.CompletedProcess[bytes]:
+        if self.container_id is None:
+            raise SandboxError("sandbox not started: use `with make_sandbox('docker') as sb:`")
+        try:
+            return subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout + _GRACE_S)
+        except subprocess.TimeoutExpired as e:
+            raise SandboxError(f"{self.executable} exec hung for {timeout + _GRACE_S:.0f} s") from e
+
+    def exec(self, cmd: str, timeout: float = 30.0) -> ExecResult:
+        violations = check_command(cmd)
+        t0 = time.monotonic()
+        r = self._run(self.exec_argv(cmd, timeout), timeout)
+        # 137 = SIGKILL from `timeout --signal=KILL`; 125/126 from docker itself mean the exec never ran.
+        if r.returncode in (125,) or b"No such container" in r.stderr:
+            raise SandboxError(f"{self.executable} exec failed: {r.stderr.decode(errors='replace').strip()}")
+        elapsed = time.monotonic() - t0
+        timed_out = r.returncode == 137 and elapsed >= timeout * 0.95
+        if timed_out:
+            violations.append("timeout")
+        output = truncate_output(r.stdout + r.stderr, self.limits.output_bytes)
+        return ExecResult(output, -1 if timed_out else r.returncode, timed_out, elapsed, violations)
+
+    def put(self, path: str, data: bytes | str) -> None:
+        rel = shlex.quote(safe_relpath(path))
+        payload = data.encode() if isinstance(data, str) else data
+        cmd = f'mkdir -p -- "$(dirname -- {rel})" && cat > {rel}'
+        r = self._run(self.exec_argv(cmd, 60, stdin=True), 60, stdin=payload)
+        if r.returncode != 0:
+            raise SandboxError(f"put {path!r} failed: {r.stderr.decode(errors='replace').strip()}")
+
+    def get(self, path: str) -> bytes:
+        rel = shlex.quote(safe_relpath(path))
+        # realpath check inside the container: refuse symlinks that leave the workspace.
+        cmd = f'p=$(realpath -- {rel}) && case "$p" in {WORKDIR}/*) cat -- "$p";; *) exit 3;; esac'
+        r = self._run(self.exec_argv(cmd, 60), 60)
+        if r.returncode == 3:
+            raise PermissionError(f"sandbox path {path!r} resolves outside the workspace")
+        if r.returncode != 0:
+            raise FileNotFoundError(f"sandbox path {path!r}: {r.stderr.decode(errors='replace').strip()}")
+        return r.stdout

@@ -1,0 +1,5 @@
+from textutils import slugify
+
+
+def page_url(title):
+    return "/pages/" + slugify(title)

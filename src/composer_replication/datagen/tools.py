@@ -1,0 +1,129 @@
+"""The agent's tools (Bash, Read, Write, Edit) over a `Sandbox`, their JSON schemas, and the tool-call parser.
+
+Tool names and input keys follow Claude Code (``Bash{command}``, ``Read{file_path}``,
+``Write{file_path, content}``, ``Edit{file_path, old_string, new_string}``), so rollouts recorded in its
+session-log format read exactly like real sessions. Model output is parsed in the Hermes / Qwen form
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` that TRL and most open chat templates use.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from composer_replication.datagen.sandbox import Sandbox, SandboxError
+
+TOOL_SCHEMAS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": desc,
+            "parameters": {
+                "type": "object",
+                "properties": {k: {"type": "string", "description": d} for k, d in props.items()},
+                "required": list(props),
+            },
+        },
+    }
+    for name, desc, props in [
+        ("Bash", "Run a shell command in the workspace.", {"command": "the bash command"}),
+        ("Read", "Read a file from the workspace.", {"file_path": "path relative to the workspace"}),
+        ("Write", "Create or overwrite a file.", {"file_path": "path", "content": "the full new content"}),
+        (
+            "Edit",
+            "Replace one exact occurrence of old_string with new_string in a file.",
+            {"file_path": "path", "old_string": "text to replace", "new_string": "replacement"},
+        ),
+    ]
+]
+_ALIASES = {
+    "bash": "Bash",
+    "read": "Read",
+    "write": "Write",
+    "edit": "Edit",
+    "read_file": "Read",
+    "write_file": "Write",
+}
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+@dataclass
+class ToolOutcome:
+    """What a tool returned: the text the model sees, whether it is an error, and Claude Code's ``toolUseResult``."""
+
+    content: str
+    is_error: bool
+    tool_use_result: Any
+    violations: list[str] = field(default_factory=list)
+
+
+def parse_tool_calls(text: str) -> list[dict[str, Any]]:
+    """``[{"name", "input"}]`` from ``<tool_call>`` blocks; a malformed block becomes ``{"name": "_invalid"}``."""
+    calls = []
+    for raw in _TOOL_CALL_RE.findall(text):
+        try:
+            obj = json.loads(raw)
+            name = _ALIASES.get(obj["name"], obj["name"])
+            args = obj.get("arguments", obj.get("input", {}))
+            if isinstance(args, str):
+                args = json.loads(args)
+            if not isinstance(args, dict):
+                raise TypeError("arguments must be an object")
+            calls.append({"name": name, "input": args})
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            calls.append({"name": "_invalid", "input": {"raw": raw[:500], "error": str(e)}})
+    return calls
+
+
+def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """The text form `parse_tool_calls` reads (used by scripted policies)."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def _rel(sb: Sandbox, path: str) -> str:
+    prefix = sb.workdir.rstrip("/") + "/"
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+def _error(msg: str) -> ToolOutcome:
+    return ToolOutcome(f"<tool_use_error>Error: {msg}</tool_use_error>", True, f"Error: {msg}")
+
+
+def run_tool(sb: Sandbox, name: str, args: dict[str, Any], *, timeout: float = 30.0) -> ToolOutcome:
+    """Execute one tool call. Agent mistakes become tool errors; `SandboxError` (infra) propagates."""
+    try:
+        if name == "Bash":
+            r = sb.exec(str(args["command"]), timeout=timeout)
+            text = r.output + ("\n[killed: timeout]" if r.timed_out else "")
+            # Like Claude Code, a non-zero exit is visible in the output (and flagged as an error here).
+            result = {"stdout": r.output, "stderr": "", "interrupted": r.timed_out, "isImage": False}
+            return ToolOutcome(text, not r.ok, result, list(r.violations))
+        if name == "Read":
+            data = sb.get(_rel(sb, str(args["file_path"]))).decode("utf-8", errors="replace")
+            numbered = "\n".join(f"{i:6d}\t{line}" for i, line in enumerate(data.splitlines(), 1))
+            info = {"filePath": args["file_path"], "content": data, "numLines": data.count("\n") + 1}
+            return ToolOutcome(numbered, False, {"type": "text", "file": info})
+        if name == "Write":
+            sb.put(_rel(sb, str(args["file_path"])), str(args["content"]))
+            return ToolOutcome(f"File written: {args['file_path']}", False, {"type": "create", **args})
+        if name == "Edit":
+            path = _rel(sb, str(args["file_path"]))
+            old, new = str(args["old_string"]), str(args["new_string"])
+            text = sb.get(path).decode("utf-8")
+            count = text.count(old)
+            if count != 1 or not old:
+                return _error(f"old_string found {count} times in {args['file_path']} (must be exactly once)")
+            sb.put(path, text.replace(old, new, 1))
+            return ToolOutcome(f"Edited {args['file_path']}", False, {"oldString": old, "newString": new})
+        if name == "_invalid":
+            return _error(f"malformed tool call: {args.get('error')}")
+        return _error(f"unknown tool {name!r}; available: Bash, Read, Write, Edit")
+    except SandboxError:
+        raise
+    except KeyError as e:
+        return _error(f"{name}: missing argument {e}")
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return _error(f"{name}: {e}")

@@ -1,0 +1,61 @@
+"""`KillSwitchCallback`: feeds HF Trainer / TRL logs into a `KillSwitch` and stops training with a checkpoint.
+
+On a trigger the callback sets ``control.should_save`` and ``control.should_training_stop``: the Trainer
+writes a checkpoint (even under ``save_strategy="no"``) and leaves ``train()`` normally. The caller then
+calls `KillSwitchCallback.raise_if_triggered` so the CLI exits with ``EXIT_KILL_SWITCH``::
+
+    switch = KillSwitch(stop_file=run_dir / "STOP", log_path=run_dir / "kill_switch.jsonl")
+    cb = KillSwitchCallback(switch)
+    trainer = GRPOTrainer(..., callbacks=[cb])
+    trainer.train()
+    cb.raise_if_triggered()   # KillSwitchTriggered(reason), exit code 3
+
+Log keys read (TRL GRPO and HF Trainer names): ``loss``, ``grad_norm``, ``kl``, ``reward``; a spend
+figure under ``spend_usd`` if a callback upstream logs one. Set ``logging_steps=1`` so every step is seen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from composer_replication.safety.kill_switch import KillSwitch, KillSwitchTriggered
+
+_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "kl": "kl", "reward": "reward", "spend_usd": "spend_usd"}
+
+
+class KillSwitchCallback(TrainerCallback):
+    """Polls ``switch`` after every step and every log; on a reason, checkpoint and stop (module docstring)."""
+
+    def __init__(self, switch: KillSwitch) -> None:
+        self.switch = switch
+        self.reason: str | None = None
+        self.checkpoint_step: int | None = None
+
+    def _stop(self, reason: str, state: TrainerState, control: TrainerControl) -> TrainerControl:
+        if self.reason is None:
+            self.reason = reason
+            self.checkpoint_step = state.global_step
+        control.should_save = True
+        control.should_training_stop = True
+        return control
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
+        if (reason := self.switch.should_stop()) is not None:
+            return self._stop(reason, state, control)
+        return control
+
+    def on_log(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kw: Any
+    ):
+        metrics = {k: logs[src] for src, k in _KEYS.items() if logs and src in logs}
+        reason = self.switch.observe(step=state.global_step, **metrics) or self.switch.should_stop()
+        if reason is not None:
+            return self._stop(reason, state, control)
+        return control
+
+    def raise_if_triggered(self) -> None:
+        """Raise `KillSwitchTriggered` if training was stopped by the switch."""
+        if self.reason is not None:
+            raise KillSwitchTriggered(self.reason)
