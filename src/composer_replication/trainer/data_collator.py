@@ -1,0 +1,289 @@
+"""``ComposerDataCollator``: traces (+ optional DPO pairs) -> trainer-ready tensors for the three channels.
+
+Rendering: every sequence is rendered with the tokenizer's chat template. Token ids are built per message
+(the text each message adds to the rendered prefix), and an assistant message is split into its header (the
+generation prompt) and its body (content + end-of-turn tokens). Masks are therefore exact by construction and
+truncation works in whole messages: the oldest history (after a system message) is dropped first and a
+response is never cut. If a protected response is by itself longer than the cap, the row keeps it whole
+(and is longer than ``max_seq_len``) rather than train on a cut response.
+
+Channels and their keys (present exactly under these conditions):
+
+* 1 (always): ``input_ids``, ``attention_mask``, ``response_mask`` (all kept assistant bodies), ``rewards``.
+* 2 (``enable_sdpo`` and ``hint_generator`` set and at least one example has an error site — a tool turn with
+  ``tool_error`` followed by an assistant turn — for which the generator returns a hint):
+  ``ctx_teacher_input_ids`` (the same history, cut after the recovery turn, with the hint appended to the
+  message that carries the error), ``sdpo_loss_mask`` (the recovery turn's body in the teacher sequence) and
+  ``sdpo_student_mask`` (the same tokens in ``input_ids``; both masks select identical token ids in order).
+* 3 (``enable_replay_dpo`` and at least one ``dpo_pairs`` entry in the batch): ``dpo_chosen_input_ids``,
+  ``dpo_chosen_response_mask``, ``dpo_rejected_input_ids``, ``dpo_rejected_response_mask``; one row per
+  pair, so the DPO batch size can differ from the student batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypedDict
+
+import torch
+
+__all__ = [
+    "CollatorConfig",
+    "ComposerDataCollator",
+    "TokenizerLike",
+    "TraceExample",
+    "TraceTurn",
+    "turns_to_messages",
+]
+
+
+class TraceTurn(TypedDict, total=False):
+    role: str  # "user" | "assistant" | "tool"
+    content: str
+    tool_call: dict | None
+    tool_error: str | None
+    error_meta: dict
+
+
+class TraceExample(TypedDict, total=False):
+    trace_id: str
+    turns: list[TraceTurn]
+    final_reward: float
+    dpo_pairs: list[dict] | None
+
+
+class TokenizerLike(Protocol):
+    """What the collator needs from a tokenizer (HF tokenizers qualify)."""
+
+    pad_token_id: int
+
+    def __call__(self, text: str | list[str], **kwargs: Any) -> dict[str, list]: ...
+
+    def apply_chat_template(self, messages: list[dict], **kwargs: Any) -> str | list[int]: ...
+
+
+@dataclass
+class CollatorConfig:
+    max_seq_len: int = 4096
+    max_dpo_seq_len: int = 2048
+    pad_token_id: int = 0
+    ignore_index: int = -100
+    enable_sdpo: bool = True
+    hint_generator: Callable[[str, dict], str | None] | None = None
+    enable_replay_dpo: bool = True
+    rlvr_reward_key: str = "final_reward"
+    system_prompt: str | None = None  # prepended to each trace when set (DPO state_messages carry their own)
+
+    def __post_init__(self) -> None:
+        if self.max_seq_len < 8 or self.max_dpo_seq_len < 8:
+            raise ValueError("CollatorConfig: max_seq_len and max_dpo_seq_len must be >= 8")
+
+
+def _tool_text(turn: dict[str, Any]) -> str:
+    name = turn.get("name") or (turn.get("error_meta") or {}).get("tool_name") or "tool"
+    err = "true" if turn.get("tool_error") is not None else "false"
+    return f"[TOOL_RESULT name={name} is_error={err}]\n{turn.get('content') or ''}"
+
+
+def turns_to_messages(
+    turns: Sequence[dict[str, Any]], system_prompt: str | None = None
+) -> tuple[list[dict], list[int]]:
+    """Chat messages for ``turns`` (tool turns rendered as user messages; consecutive user-side turns merged,
+    which keeps roles alternating for strict templates) and, per turn, the index of its message."""
+    msgs: list[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    where: list[int] = []
+    for t in turns:
+        role = t.get("role")
+        text = _tool_text(t) if role == "tool" else str(t.get("content") or "")
+        if role == "assistant":
+            msgs.append({"role": "assistant", "content": text})
+        elif msgs and msgs[-1]["role"] == "user":
+            msgs[-1] = {"role": "user", "content": msgs[-1]["content"] + "\n\n" + text}
+        else:
+            msgs.append({"role": "user", "content": text})
+        where.append(len(msgs) - 1)
+    return msgs, where
+
+
+@dataclass
+class _Piece:
+    ids: list[int]
+    is_response: bool
+    msg: int  # message index (header and body of one assistant message share it)
+
+
+@dataclass
+class ComposerDataCollator:
+    tokenizer: TokenizerLike
+    config: CollatorConfig = field(default_factory=CollatorConfig)
+
+    # -- rendering -----------------------------------------------------------------------------------------
+
+    def _render(self, msgs: list[dict], gen: bool) -> str:
+        if not msgs:
+            return ""
+        out = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+        if not isinstance(out, str):
+            raise ValueError("apply_chat_template(tokenize=False) must return a string")
+        return out
+
+    def _pieces(self, msgs: list[dict]) -> list[_Piece]:
+        texts: list[tuple[str, bool, int]] = []
+        prev = ""
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                head = self._render(msgs[:i], True)
+                full = self._render(msgs[: i + 1], False)
+                if not head.startswith(prev) or not full.startswith(head):
+                    raise ValueError(
+                        "the tokenizer's chat template does not render conversations prefix-consistently "
+                        f"(message {i}); use a template where rendering msgs[:k] is a prefix of msgs[:k+1]"
+                    )
+                texts += [(head[len(prev) :], False, i), (full[len(head) :], True, i)]
+            else:
+                full = self._render(msgs[: i + 1], False)
+                if not full.startswith(prev):
+                    raise ValueError(f"chat template is not prefix-consistent at message {i}")
+                texts.append((full[len(prev) :], False, i))
+            prev = full
+        texts = [t for t in texts if t[0]]
+        if not texts:
+            return []
+        enc = self.tokenizer([t[0] for t in texts], add_special_tokens=False)["input_ids"]
+        return [_Piece(list(ids), r, i) for ids, (_, r, i) in zip(enc, texts, strict=True)]
+
+    @staticmethod
+    def _truncate(pieces: list[_Piece], protect_from: int, max_len: int, keep_first: bool) -> list[_Piece]:
+        """Drop whole messages from the oldest (a leading system message stays) until ``max_len`` fits;
+        messages with index >= ``protect_from`` are never dropped."""
+        total = sum(len(p.ids) for p in pieces)
+        if total <= max_len:
+            return pieces
+        order = sorted({p.msg for p in pieces})
+        drop: set[int] = set()
+        for mi in order[1 if keep_first else 0 :]:
+            if total <= max_len or mi >= protect_from:
+                break
+            drop.add(mi)
+            total -= sum(len(p.ids) for p in pieces if p.msg == mi)
+        kept = [p for p in pieces if p.msg not in drop]
+        # Still too long: cut the oldest tokens of the prompt in front of the first kept response (never a
+        # response itself, never a leading system message).
+        for p in kept[1 if keep_first else 0 :]:
+            if total <= max_len or p.is_response:
+                break
+            cut = min(total - max_len, len(p.ids))
+            p.ids = p.ids[cut:]
+            total -= cut
+        return [p for p in kept if p.ids]
+
+    def _encode(
+        self, msgs: list[dict], response_msgs: set[int], protect_from: int, max_len: int
+    ) -> tuple[list[int], list[int], dict[int, tuple[int, int]]]:
+        keep_first = bool(msgs) and msgs[0]["role"] == "system"
+        pieces = self._truncate(self._pieces(msgs), protect_from, max_len, keep_first)
+        ids: list[int] = []
+        mask: list[int] = []
+        spans: dict[int, tuple[int, int]] = {}
+        for p in pieces:
+            on = 1 if (p.is_response and p.msg in response_msgs) else 0
+            if p.is_response:
+                spans[p.msg] = (len(ids), len(ids) + len(p.ids))
+            ids.extend(p.ids)
+            mask.extend([on] * len(p.ids))
+        return ids, mask, spans
+
+    # -- batch -----------------------------------------------------------------------------------------------
+
+    def __call__(self, batch: Sequence[TraceExample]) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        rows_ids, rows_mask, rewards = [], [], []
+        t_ids, t_mask, s_mask = [], [], []
+        any_sdpo = False
+        for ex in batch:
+            turns = list(ex.get("turns") or [])
+            msgs, where = turns_to_messages(turns, cfg.system_prompt)
+            assistant = {i for i, m in enumerate(msgs) if m["role"] == "assistant"}
+            last = max(assistant) if assistant else len(msgs)
+            ids, mask, spans = self._encode(msgs, assistant, last, cfg.max_seq_len)
+            rows_ids.append(ids)
+            rows_mask.append(mask)
+            r = ex.get(cfg.rlvr_reward_key)  # type: ignore[misc]
+            rewards.append(float(r) if r is not None else 0.0)
+            site = (
+                self._error_site(turns, where, msgs, spans)
+                if cfg.enable_sdpo and cfg.hint_generator
+                else None
+            )
+            if site is None:
+                t_ids.append([])
+                t_mask.append([])
+                s_mask.append([0] * len(ids))
+                continue
+            rec, hint = site
+            any_sdpo = True
+            tmsgs = [dict(m) for m in msgs[: rec + 1]]
+            tmsgs[rec - 1]["content"] = tmsgs[rec - 1]["content"] + f"\n\n[HINT] {hint}"
+            tids, tmask, _ = self._encode(tmsgs, {rec}, rec - 1, cfg.max_seq_len)
+            t_ids.append(tids)
+            t_mask.append(tmask)
+            a, b = spans[rec]
+            s_mask.append([1 if a <= k < b else 0 for k in range(len(ids))])
+        out = {
+            "input_ids": _pad(rows_ids, cfg.pad_token_id),
+            "attention_mask": _pad([[1] * len(x) for x in rows_ids], 0),
+            "response_mask": _pad(rows_mask, 0),
+            "rewards": torch.tensor(rewards, dtype=torch.float32),
+        }
+        if any_sdpo:
+            out["ctx_teacher_input_ids"] = _pad(t_ids, cfg.pad_token_id)
+            out["sdpo_loss_mask"] = _pad(t_mask, 0)
+            out["sdpo_student_mask"] = _pad(s_mask, 0)
+        pairs = [p for ex in batch for p in (ex.get("dpo_pairs") or [])] if cfg.enable_replay_dpo else []
+        if pairs:
+            for side in ("chosen", "rejected"):
+                seqs = [self._dpo_row(p, side) for p in pairs]
+                out[f"dpo_{side}_input_ids"] = _pad([s[0] for s in seqs], cfg.pad_token_id)
+                out[f"dpo_{side}_response_mask"] = _pad([s[1] for s in seqs], 0)
+        return out
+
+    def _error_site(
+        self, turns: list[dict], where: list[int], msgs: list[dict], spans: dict[int, tuple[int, int]]
+    ) -> tuple[int, str] | None:
+        """The last error site whose recovery turn survived truncation and has a hint: (recovery msg, hint)."""
+        gen = self.config.hint_generator
+        assert gen is not None
+        for i in range(len(turns) - 1, -1, -1):
+            t = turns[i]
+            if t.get("role") != "tool" or t.get("tool_error") is None:
+                continue
+            j = next((k for k in range(i + 1, len(turns)) if turns[k].get("role") == "assistant"), None)
+            if j is None or where[j] not in spans:
+                continue
+            meta = dict(t.get("error_meta") or {})
+            meta.setdefault("error_message", t.get("tool_error"))
+            hint = gen(str(meta.get("error_kind") or "runtime_error"), meta)
+            if hint:
+                return where[j], hint
+        return None
+
+    def _dpo_row(self, pair: dict[str, Any], side: str) -> tuple[list[int], list[int]]:
+        msgs = [
+            {"role": m["role"], "content": str(m.get("content") or "")}
+            for m in pair.get("state_messages") or []
+        ]
+        msgs.append({"role": "assistant", "content": str(pair[side])})
+        resp = len(msgs) - 1
+        ids, mask, _ = self._encode(msgs, {resp}, resp, self.config.max_dpo_seq_len)
+        return ids, mask
+
+
+def _pad(rows: list[list[int]], value: int) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0)
+    width = max(width, 1)
+    out = torch.full((len(rows), width), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
