@@ -1,0 +1,511 @@
+"""Token-chunked loss engine: large-vocabulary losses without (B, T, V) intermediates.
+
+The reference losses (`opsd.generalized_jsd_loss`, `distillation.taid_loss`, ...) build a dozen
+(B, T, V) fp32 temporaries: at the Qwen vocabulary (V = 151936), B = 2, T = 1024 that is ~18.5 GB.
+Every one of these losses is a *row-local* function of the logits (token n's loss depends on row n
+only) followed by a linear reduction. This module exploits that:
+
+* a row function ``row_fn(*row_chunks) -> (n,)`` computes the per-token loss of a chunk of
+  rows (the same formula as the reference, term for term, so values agree to rounding);
+* `chunked_rows` runs it over chunks of the *valid* rows only (masked rows are never touched) and
+  never holds more than one chunk's (chunk, V) temporaries;
+* for a reduced (scalar) loss the gradient is computed inside the forward pass, chunk by chunk
+  (as Liger's fused kernels do), so there is a single pass and backward only scales the stored
+  gradient by the incoming scalar; for per-token outputs (``reduction="none"``) backward recomputes
+  each chunk instead.
+
+The logits-in functions here keep the reference signatures; `kernels.fused_linear` reuses the same
+engine with hidden states + LM-head weight so the logits never exist at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = [
+    "chunked_rows",
+    "default_chunk_rows",
+    "gjsd_rows",
+    "taid_rows",
+    "eopd_rows",
+    "logprob_rows",
+    "ce_rows",
+    "chunked_generalized_jsd_loss",
+    "chunked_taid_loss",
+    "chunked_entropy_aware_opd_loss",
+    "chunked_token_logprobs",
+    "chunked_cross_entropy",
+]
+
+REDUCTIONS = ("batchmean", "sum", "mean", "none")
+# Target bytes of one (chunk, V) fp32 temporary; a chunk needs ~10 of them (values + autograd).
+_CHUNK_BYTES = 16 * 2**20
+
+
+def default_chunk_rows(vocab_size: int) -> int:
+    """Rows per chunk so that one (rows, V) fp32 temporary is about 16 MiB (at least 8 rows)."""
+    return max(8, _CHUNK_BYTES // (4 * max(int(vocab_size), 1)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Row functions: per-token losses of a (n, V) chunk, written exactly like the reference losses.
+# ----------------------------------------------------------------------------------------------
+
+
+def gjsd_rows(
+    s_nV: torch.Tensor,
+    t_nV: torch.Tensor,
+    *,
+    beta: float,
+    temperature: float = 1.0,
+    logits_are_probs: bool = False,
+    top_k: int | None = None,
+    token_clip: float | None = None,
+) -> torch.Tensor:
+    """Per-row generalized JSD, built from `opsd`'s own pieces so it matches the reference exactly.
+
+    β = 0 → KL(T‖S), β = 1 → KL(S‖T), otherwise β·KL(T‖m) + (1−β)·KL(S‖m) with
+    m = (1−β)·p_S + β·p_T; ``top_k`` = teacher top-k renormalised; ``token_clip`` caps the row value.
+    """
+    from composer_replication.opsd import gjsd_per_token, log_probs, topk_restrict
+
+    s_lp = log_probs(s_nV, temperature, logits_are_probs)
+    t_lp = log_probs(t_nV, temperature, logits_are_probs)
+    if top_k is not None:
+        s_lp, t_lp = topk_restrict(s_lp, t_lp, int(top_k))
+    per = gjsd_per_token(s_lp, t_lp, float(beta))
+    return per if token_clip is None else per.clamp(max=token_clip)
+
+
+def taid_rows(s_nV: torch.Tensor, t_nV: torch.Tensor, *, t: float) -> torch.Tensor:
+    """TAID per-row cross-entropy −Σ_v p_t(v)·log q(v), p_t = softmax((1−t)·sg(z_S) + t·z_T).
+
+    Vocabulary entries where the student logit is ±inf contribute 0 (SakanaAI/TAID); at least fp32.
+    """
+    dtype = torch.promote_types(s_nV.dtype, torch.float32)
+    z_s, z_t = s_nV.to(dtype), t_nV.to(dtype)
+    p_t = torch.softmax((1 - t) * z_s.detach() + t * z_t, dim=-1)
+    logq = torch.log_softmax(z_s, dim=-1)
+    prod = torch.where(torch.isinf(z_s), torch.zeros_like(logq), p_t * logq)
+    return -prod.sum(-1)
+
+
+def eopd_rows(
+    s_nV: torch.Tensor,
+    t_nV: torch.Tensor,
+    *,
+    h_max: float,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Entropy-gated mix per row: w·KL(T‖S) + (1−w)·KL(S‖T), w = clamp(H_T / h_max, 0, 1)."""
+    from composer_replication.opsd import gjsd_per_token
+
+    s_lp = torch.log_softmax(s_nV / temperature, dim=-1)
+    t_lp = torch.log_softmax(t_nV / temperature, dim=-1)
+    t_p = t_lp.exp()
+    ent = -torch.where(t_p > 0, t_p * t_lp, torch.zeros_like(t_lp)).sum(-1)
+    w = (ent / h_max).clamp(0.0, 1.0)
+    return w * gjsd_per_token(s_lp, t_lp, 0.0) + (1 - w) * gjsd_per_token(s_lp, t_lp, 1.0)
+
+
+def logprob_rows(z_nV: torch.Tensor, labels_n: torch.Tensor) -> torch.Tensor:
+    """log softmax(z)[label] per row (labels must be valid indices)."""
+    z = z_nV.float() if z_nV.dtype in (torch.float16, torch.bfloat16) else z_nV
+    picked = z.gather(-1, labels_n.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(z, dim=-1)
+
+
+def ce_rows(z_nV: torch.Tensor, labels_n: torch.Tensor, *, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Per-row cross-entropy with PyTorch's label smoothing: (1−ε)·NLL + ε·mean_v(−log p_v)."""
+    z = z_nV.float() if z_nV.dtype in (torch.float16, torch.bfloat16) else z_nV
+    lp = torch.log_softmax(z, dim=-1)
+    nll = -lp.gather(-1, labels_n.long().unsqueeze(-1)).squeeze(-1)
+    if label_smoothing == 0.0:
+        return nll
+    return (1 - label_smoothing) * nll - label_smoothing * lp.mean(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# The engine.
+# ----------------------------------------------------------------------------------------------
+
+
+def _grad_buffer(x: torch.Tensor) -> torch.Tensor:
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    return torch.zeros(x.shape, dtype=dtype, device=x.device)
+
+
+def _chunk_inputs(n_row, tensors, idx, needs):
+    """Gather one chunk of rows; detach everything and mark what needs a gradient."""
+    out = []
+    for i, x in enumerate(tensors):
+        if x is None:
+            out.append(None)
+            continue
+        y = x.index_select(0, idx) if i < n_row else x
+        y = y.detach()
+        if needs[i]:
+            y.requires_grad_(True)
+        out.append(y)
+    return out
+
+
+class _ChunkedRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, row_fn, valid_idx, weights, chunk, n_row, *tensors):
+        needs = [bool(n) for n in ctx.needs_input_grad[5:]]
+        want_grad = any(needs)
+        n_valid = valid_idx.numel()
+        ref = next(x for x in tensors if x is not None)
+        out_dtype = torch.promote_types(ref.dtype, torch.float32)
+        ctx.row_fn, ctx.chunk, ctx.n_row, ctx.scalar = row_fn, chunk, n_row, weights is not None
+        if weights is None:  # per-row output; backward recomputes each chunk
+            losses = torch.empty(n_valid, dtype=out_dtype, device=ref.device)
+            with torch.no_grad():
+                for a in range(0, n_valid, chunk):
+                    idx = valid_idx[a : a + chunk]
+                    xs = _chunk_inputs(n_row, tensors, idx, [False] * len(tensors))
+                    losses[a : a + chunk] = row_fn(*xs)
+            ctx.save_for_backward(valid_idx, *tensors)
+            ctx.needs = needs
+            return losses
+        total = torch.zeros((), dtype=out_dtype, device=ref.device)
+        grads = [_grad_buffer(x) if (x is not None and nd) else None for x, nd in zip(tensors, needs)]
+        for a in range(0, n_valid, chunk):
+            idx = valid_idx[a : a + chunk]
+            w = weights[a : a + chunk]
+            xs = _chunk_inputs(n_row, tensors, idx, needs)
+            with torch.enable_grad() if want_grad else torch.no_grad():
+                val = (row_fn(*xs) * w).sum()
+            total += val.detach()
+            if want_grad:
+                wrt = [x for x, nd in zip(xs, needs) if nd]
+                gs = iter(torch.autograd.grad(val, wrt, allow_unused=True))
+                for i, nd in enumerate(needs):
+                    if not nd:
+                        continue
+                    g = next(gs)
+                    if g is None:
+                        continue
+                    if i < n_row:
+                        grads[i].index_add_(0, idx, g.to(grads[i].dtype))
+                    else:
+                        grads[i] += g
+        ctx.grads = grads
+        ctx.dtypes = [None if x is None else x.dtype for x in tensors]
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        head = (None, None, None, None, None)
+        if ctx.scalar:
+            res = []
+            for g, dt in zip(ctx.grads, ctx.dtypes):
+                res.append(None if g is None else (g * grad_out).to(dt))
+            ctx.grads = None
+            return (*head, *res)
+        valid_idx, *tensors = ctx.saved_tensors
+        tensors = [t for t in tensors]
+        needs, n_row, chunk = ctx.needs, ctx.n_row, ctx.chunk
+        grads = [_grad_buffer(x) if (x is not None and nd) else None for x, nd in zip(tensors, needs)]
+        for a in range(0, valid_idx.numel(), chunk):
+            idx = valid_idx[a : a + chunk]
+            xs = _chunk_inputs(n_row, tensors, idx, needs)
+            with torch.enable_grad():
+                val = ctx.row_fn(*xs)
+            wrt = [x for x, nd in zip(xs, needs) if nd]
+            gs = iter(
+                torch.autograd.grad(
+                    val, wrt, grad_outputs=grad_out[a : a + chunk].to(val.dtype), allow_unused=True
+                )
+            )
+            for i, nd in enumerate(needs):
+                if not nd:
+                    continue
+                g = next(gs)
+                if g is None:
+                    continue
+                if i < n_row:
+                    grads[i].index_add_(0, idx, g.to(grads[i].dtype))
+                else:
+                    grads[i] += g
+        res = [None if g is None else g.to(x.dtype) for g, x in zip(grads, tensors)]
+        return (*head, *res)
+
+
+def chunked_rows(
+    row_fn: Callable[..., torch.Tensor],
+    row_tensors: Sequence[torch.Tensor | None],
+    *,
+    valid_idx: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    chunk_rows: int = 256,
+) -> torch.Tensor:
+    """Apply ``row_fn`` over chunks of the rows ``valid_idx`` of the (N, ...) ``row_tensors``.
+
+    Returns ``Σ_i weights[i]·row_fn(rows)[i]`` (a scalar; gradient computed in the forward pass)
+    when ``weights`` (one per valid row) is given, else the (n_valid,) per-row losses (gradient by
+    recomputation in backward).
+    """
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    return _ChunkedRows.apply(row_fn, valid_idx, weights, int(chunk_rows), len(row_tensors), *row_tensors)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reductions and the public logits-in functions (same signatures as the reference path).
+# ----------------------------------------------------------------------------------------------
+
+
+def reduce_rows(
+    row_fn: Callable[..., torch.Tensor],
+    row_tensors: Sequence[torch.Tensor | None],
+    *,
+    mask_N: torch.Tensor,
+    denom: torch.Tensor | float | None,
+    out_shape: tuple[int, ...],
+    chunk_rows: int,
+) -> torch.Tensor:
+    """``Σ_n mask_n·ℓ_n / denom``; with ``denom=None`` the per-token ``mask·ℓ`` in ``out_shape``.
+
+    Rows with ``mask_N == 0`` are never computed; ``mask_N`` may hold float weights.
+    """
+    ref = next(x for x in row_tensors if x is not None)
+    dtype = torch.promote_types(ref.dtype, torch.float32)
+    valid_idx = mask_N.nonzero().squeeze(-1)
+    mvals = mask_N.index_select(0, valid_idx).to(dtype)
+    if denom is None:
+        per = chunked_rows(row_fn, row_tensors, valid_idx=valid_idx, chunk_rows=chunk_rows)
+        out = torch.zeros(mask_N.shape[0], dtype=per.dtype, device=per.device)
+        return out.index_put((valid_idx,), per * mvals).view(out_shape)
+    return chunked_rows(
+        row_fn, row_tensors, valid_idx=valid_idx, weights=mvals / denom, chunk_rows=chunk_rows
+    )
+
+
+def reduction_denominator(
+    reduction: str, n_valid: int, support: int, num_items_in_batch=None
+) -> torch.Tensor | float | None:
+    """`opsd.reduce_per_token`'s divisor (None = per-token output for ``"none"``)."""
+    if num_items_in_batch is not None:
+        return num_items_in_batch
+    if reduction == "batchmean":
+        return float(max(n_valid, 1))
+    if reduction == "sum":
+        return 1.0
+    if reduction == "mean":
+        return float(max(n_valid * support, 1))
+    return None
+
+
+def gjsd_row_fn(beta, temperature, logits_are_probs, top_k, token_clip):
+    """The GJSD row function with its parameters bound (shared with `kernels.fused_linear`)."""
+
+    def fn(s, t):
+        return gjsd_rows(
+            s,
+            t,
+            beta=beta,
+            temperature=temperature,
+            logits_are_probs=logits_are_probs,
+            top_k=top_k,
+            token_clip=token_clip,
+        )
+
+    return fn
+
+
+def gjsd_plan(lead, V, labels, reduction, top_k, num_items_in_batch, device):
+    """(keep mask over the N rows, divisor) for a GJSD call, exactly as the reference reduces."""
+    N = math.prod(lead)
+    if labels is None:
+        keep = torch.ones(N, dtype=torch.bool, device=device)
+        n_valid = N
+    else:
+        keep = (labels != -100).reshape(N)
+        n_valid = int(keep.sum())
+    support = V if top_k is None else int(top_k)
+    return keep, reduction_denominator(reduction, n_valid, support, num_items_in_batch)
+
+
+def chunked_generalized_jsd_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    reduction: str = "batchmean",
+    logits_are_probs: bool = False,
+    top_k: int | None = None,
+    token_clip: float | None = None,
+    *,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """`opsd.generalized_jsd_loss` computed over token chunks (same values and gradients).
+
+    Peak extra memory is one chunk's temporaries plus the (B, T, V) gradient of the inputs that
+    require grad, instead of ~16 (B, T, V) temporaries.
+    """
+    from composer_replication.opsd import _check
+
+    _check(student_logits, teacher_logits, labels, beta, temperature, reduction, top_k, token_clip)
+    *lead, V = student_logits.shape
+    N = math.prod(lead)
+    keep, denom = gjsd_plan(lead, V, labels, reduction, top_k, num_items_in_batch, student_logits.device)
+    return reduce_rows(
+        gjsd_row_fn(beta, temperature, logits_are_probs, top_k, token_clip),
+        [student_logits.reshape(N, V), teacher_logits.reshape(N, V)],
+        mask_N=keep,
+        denom=denom,
+        out_shape=tuple(lead),
+        chunk_rows=chunk_rows or default_chunk_rows(V),
+    )
+
+
+def check_pair(student: torch.Tensor, teacher: torch.Tensor) -> None:
+    """The reference losses' input checks (floating point, equal shapes)."""
+    for name, x in (("student", student), ("teacher", teacher)):
+        if not torch.is_floating_point(x):
+            raise ValueError(f"{name} input has dtype {x.dtype}; pass floating-point tensors")
+    if student.shape[:-1] != teacher.shape[:-1]:
+        raise ValueError(
+            f"student {tuple(student.shape)} and teacher {tuple(teacher.shape)} must share the (B, T) shape"
+        )
+
+
+def taid_plan(mask: torch.Tensor | None, lead, dtype, device):
+    """TAID's masked token mean Σ(ℓ·mask)/Σmask (mask None ⇒ mean over all tokens)."""
+    N = math.prod(lead)
+    if mask is None:
+        return torch.ones(N, dtype=dtype, device=device), float(max(N, 1))
+    if tuple(mask.shape) != tuple(lead):
+        raise ValueError(f"mask {tuple(mask.shape)} must be {tuple(lead)} (the logits' B, T)")
+    w = mask.reshape(N).to(dtype)
+    return w, w.sum().clamp_min(1)
+
+
+def chunked_taid_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    t: float | torch.Tensor,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """`distillation.taid_loss` over token chunks."""
+    from composer_replication.distillation.taid import _check_t
+
+    check_pair(student_logits, teacher_logits)
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError("student_logits and teacher_logits must have the same (B, T, V) shape")
+    _check_t(t)
+    *lead, V = student_logits.shape
+    N = math.prod(lead)
+    tv = float(t)
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)
+    w, denom = taid_plan(mask, tuple(lead), dtype, student_logits.device)
+    return reduce_rows(
+        lambda s, te: taid_rows(s, te, t=tv),
+        [student_logits.reshape(N, V), teacher_logits.reshape(N, V)],
+        mask_N=w,
+        denom=denom,
+        out_shape=tuple(lead),
+        chunk_rows=chunk_rows or default_chunk_rows(V),
+    )
+
+
+def eopd_plan(labels, lead, V, reduction, h_max, temperature, device):
+    """(keep mask, divisor, h_max) for entropy-aware OPD, with the reference's checks."""
+    from composer_replication.distillation.entropy_aware_opd import _keep_mask
+
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} is unknown; use one of {REDUCTIONS}")
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature} must be > 0")
+    if h_max is not None and not h_max > 0:
+        raise ValueError(f"h_max={h_max} must be > 0 nats, or None for log(V)")
+    N = math.prod(lead)
+    if labels is None:
+        keep, n_valid = torch.ones(N, dtype=torch.bool, device=device), N
+    else:
+        if tuple(labels.shape) != tuple(lead):
+            raise ValueError(
+                f"labels {tuple(labels.shape)} must match the per-token loss shape {tuple(lead)}"
+            )
+        keep = _keep_mask(labels).reshape(N)
+        n_valid = int(keep.sum())
+    hm = math.log(V) if h_max is None else float(h_max)
+    return keep, reduction_denominator(reduction, n_valid, V), hm
+
+
+def chunked_entropy_aware_opd_loss(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    *,
+    labels: torch.Tensor | None = None,
+    h_max: float | None = None,
+    temperature: float = 1.0,
+    reduction: str = "batchmean",
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """`distillation.entropy_aware_opd_loss` over token chunks."""
+    check_pair(student_logits, teacher_logits)
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError("student_logits and teacher_logits must have the same (B, T, V) shape")
+    *lead, V = student_logits.shape
+    N = math.prod(lead)
+    keep, denom, hm = eopd_plan(labels, tuple(lead), V, reduction, h_max, temperature, student_logits.device)
+    return reduce_rows(
+        lambda s, te: eopd_rows(s, te, h_max=hm, temperature=temperature),
+        [student_logits.reshape(N, V), teacher_logits.reshape(N, V)],
+        mask_N=keep,
+        denom=denom,
+        out_shape=tuple(lead),
+        chunk_rows=chunk_rows or default_chunk_rows(V),
+    )
+
+
+def chunked_token_logprobs(
+    logits_BTV: torch.Tensor, labels_BT: torch.Tensor, *, chunk_rows: int | None = None
+) -> torch.Tensor:
+    """(B, T) log-probabilities of ``labels_BT`` under ``logits_BTV``; ``-100`` labels give 0."""
+    *lead, V = logits_BTV.shape
+    N = math.prod(lead)
+    lab = labels_BT.reshape(N)
+    valid = lab != -100
+    safe = torch.where(valid, lab, torch.zeros_like(lab))
+    return reduce_rows(
+        logprob_rows,
+        [logits_BTV.reshape(N, V), safe],
+        mask_N=valid,
+        denom=None,
+        out_shape=tuple(lead),
+        chunk_rows=chunk_rows or default_chunk_rows(V),
+    )
+
+
+def chunked_cross_entropy(
+    logits_NV: torch.Tensor,
+    labels_N: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
+    """``F.cross_entropy(logits, labels, ignore_index=, label_smoothing=)`` (mean) over chunks."""
+    V = logits_NV.shape[-1]
+    lab = labels_N.reshape(-1)
+    valid = lab != ignore_index
+    safe = torch.where(valid, lab, torch.zeros_like(lab))
+    return reduce_rows(
+        lambda z, y: ce_rows(z, y, label_smoothing=label_smoothing),
+        [logits_NV.reshape(-1, V), safe],
+        mask_N=valid,
+        denom=valid.sum(),
+        out_shape=(),
+        chunk_rows=chunk_rows or default_chunk_rows(V),
+    )
