@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from composer_replication.trainer.po_objectives import PO_OBJECTIVES
 
@@ -49,15 +49,14 @@ class DataConfig(_Model):
         0.0, ge=0.0, lt=1.0, description="fraction held out (by trace / pair id hash)"
     )
 
-    @model_validator(mode="after")
-    def _files_exist(self) -> DataConfig:
-        for name in ("traces", "pairs"):
-            p = getattr(self, name)
-            if p is not None and not Path(p).is_file():
-                raise ValueError(
-                    f"data.{name}: file not found: {p} (run `composer-replication ingest`/`pairs` first)"
-                )
-        return self
+    @field_validator("traces", "pairs")
+    @classmethod
+    def _file_exists(cls, p: Path | None) -> Path | None:
+        if p is not None and not Path(p).is_file():
+            raise ValueError(
+                f"file not found: {p} (run `composer-replication ingest` / `pairs` first, or fix the path)"
+            )
+        return p
 
 
 class TAIDConfig(_Model):
@@ -142,13 +141,14 @@ class GRPOSection(_Model):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     overrides: dict[str, Any] = Field(default_factory=dict, description="extra trl.GRPOConfig fields")
 
-    @model_validator(mode="after")
-    def _objective_known(self) -> GRPOSection:
-        if self.objective not in PO_OBJECTIVES:
+    @field_validator("objective")
+    @classmethod
+    def _objective_known(cls, objective: str) -> str:
+        if objective not in PO_OBJECTIVES:
             raise ValueError(
-                f"grpo.objective: {self.objective!r} is not in the menu; choose one of {', '.join(sorted(PO_OBJECTIVES))}"
+                f"{objective!r} is not in the menu; choose one of {', '.join(sorted(PO_OBJECTIVES))}"
             )
-        return self
+        return objective
 
 
 class LoggingConfig(_Model):

@@ -71,6 +71,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
         sdpo_token_clip: float | None = None,
         replay_dpo_beta: float = 0.1,
         dpo_variant: str = "dpo",
+        simpo_beta: float = 2.0,
+        simpo_gamma: float = 1.0,
         composer_kl_coef: float = 0.0,
         max_dpo_seq_len: int = 2048,
         **kwargs: Any,
@@ -85,6 +87,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.sdpo_token_clip = sdpo_token_clip
         self.replay_dpo_beta = replay_dpo_beta
         self.dpo_variant = dpo_variant
+        self.simpo_beta, self.simpo_gamma = simpo_beta, simpo_gamma
         self.composer_kl_coef = composer_kl_coef
         self.max_dpo_seq_len = max_dpo_seq_len
         self._ref_logps_cache: dict[str, tuple[float, float]] = {}
@@ -194,7 +197,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
             if any(first):
                 dummy = next(p for p in present if p)
                 enc = pair_tokens.encode_pairs(tok, [p or dummy for p in present], self.max_dpo_seq_len)
-                ref_c, ref_r = self._reference_pair_logps(enc)
+                if self.dpo_variant == "dpo":
+                    ref_c, ref_r = self._reference_pair_logps(enc)
+                else:  # SimPO is reference-free
+                    ref_c = ref_r = torch.zeros(len(enc["pair_ids"]))
                 for key in ("dpo_chosen_input_ids", "dpo_chosen_response_mask"):
                     out[key] = enc[key].to(mask.device)
                 for key in ("dpo_rejected_input_ids", "dpo_rejected_response_mask"):
@@ -292,6 +298,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
             ref_chosen_logps=inputs["dpo_chosen_ref_logprobs"][rows],
             ref_rejected_logps=inputs["dpo_rejected_ref_logprobs"][rows],
             beta=self.replay_dpo_beta,
+            simpo_beta=self.simpo_beta,
+            simpo_gamma=self.simpo_gamma,
         )
         self._channel_metrics.update(res.metrics)
         n = torch.tensor(float(res.count), device=res.loss.device)

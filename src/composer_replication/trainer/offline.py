@@ -153,6 +153,14 @@ def _loss_kwargs(cfg: TrainConfig, taid) -> dict[str, Any]:
     return kw
 
 
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop rows logged after the restored checkpoint: the resumed run recomputes them identically."""
+    from composer_replication._io import read_jsonl, write_jsonl_atomic
+
+    if path.exists():
+        write_jsonl_atomic(path, [r for r in read_jsonl(path) if r.get("step", 0) <= step])
+
+
 def _check_stop(stop, kill_switch) -> str | None:
     reason = stop() if stop is not None else None
     if reason is None and kill_switch is not None:
@@ -231,6 +239,7 @@ def train_offline(
             taid.load_state_dict(state["taid"])
         step = state["step"]
         ckpt.set_rng_state(state["rng"])
+        _truncate_metrics(out / "metrics.jsonl", step)
     else:
         ref = reference_logprobs(model, tok, pairs, cfg.data.max_dpo_seq_len) if pairs else {}
         initial = evaluate(model, tok, cfg, eval_traces, eval_pairs, ref, collator)
@@ -267,6 +276,7 @@ def train_offline(
                 raise KillSwitchTriggered(reason)
             opt.zero_grad(set_to_none=True)
             totals: dict[str, float] = {}
+            extras: dict[str, float] = {}
             for _ in range(ga):
                 batch: dict[str, torch.Tensor] = {}
                 if trace_stream is not None:
@@ -284,6 +294,9 @@ def train_offline(
                 (comps.total / ga).backward()
                 for k, v in comps.detached().items():
                     totals[k] = totals.get(k, 0.0) + v / ga
+                for k, v in comps.metrics.items():
+                    if not k.endswith(("/tokens", "/pairs", "/loss")):
+                        extras[k] = extras.get(k, 0.0) + v / ga
             params = [p for p in model.parameters() if p.requires_grad]
             clip = cfg.optimizer.grad_clip
             grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
@@ -296,10 +309,10 @@ def train_offline(
                 kill_switch.observe(step=step, loss=totals["total"], grad_norm=float(grad_norm))
             if step % cfg.logging.log_every == 0 or step == cfg.schedule.max_steps:
                 row = {"step": step, **{f"loss/{k}": v for k, v in totals.items()}}
-                row.update(grad_norm=float(grad_norm), lr=sched.get_last_lr()[0])
+                row.update(extras, grad_norm=float(grad_norm), lr=sched.get_last_lr()[0])
                 if taid is not None:
                     row["taid_t"] = taid.t
-                metrics_log.append(row)
+                metrics_log.write(row)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{totals['total']:.4f}")

@@ -88,6 +88,11 @@ def make_po_config(objective: str = "dr_grpo", **overrides: Any):
     if wanted.get("loss_type") not in TRL_LOSS_TYPES:
         raise ValueError(f"loss_type {wanted.get('loss_type')!r} is not one of TRL's {TRL_LOSS_TYPES}")
     wanted.setdefault("output_dir", "runs/grpo")
+    # TRL defaults to bf16=True, which transformers rejects on machines without bf16 support (any CPU
+    # run); default to what the hardware has, so the same call works on a laptop and on an H100.
+    import torch
+
+    wanted.setdefault("bf16", bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()))
     config = cls(**wanted)
     # Guard the preset's knobs (with the user's value where overridden). Other fields pass through:
     # TRL legitimately normalises some of them (``report_to="none"`` becomes ``[]``).

@@ -1,0 +1,68 @@
+"""Train with the three-channel loss: ``offline`` (SFT + SDPO + DPO on ingested data) or ``grpo`` (TRL).
+
+The config (YAML/TOML/JSON; see docs/training.md) is validated before any model loads. Outputs go to
+``--out``: metrics.jsonl, checkpoints/, losses.png, final_metrics.json. ``--resume`` continues from the
+newest checkpoint there. A STOP file in ``--out`` or SIGTERM stops the run with a checkpoint (exit 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="training config file (.yaml, .toml or .json)")
+    p.add_argument("--out", default="runs/train", help="output directory (default: runs/train)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    p.add_argument("--mode", choices=["offline", "grpo"], help="override mode")
+    p.add_argument("--model", help="override model.path (default | tiny | a directory)")
+    p.add_argument("--traces", help="override data.traces")
+    p.add_argument("--pairs", help="override data.pairs")
+    p.add_argument("--max-steps", type=int, help="override schedule.max_steps")
+    p.add_argument("--lr", type=float, help="override optimizer.lr")
+    p.add_argument("--seed", type=int, help="override seed")
+    p.add_argument("--objective", help="override grpo.objective")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    table = {
+        "mode": "mode",
+        "model": "model.path",
+        "max_steps": "schedule.max_steps",
+        "lr": "optimizer.lr",
+        "seed": "seed",
+        "objective": "grpo.objective",
+    }
+    out = {
+        dotted: getattr(args, name) for name, dotted in table.items() if getattr(args, name, None) is not None
+    }
+    for name in ("traces", "pairs"):  # paths on the command line are relative to the working directory
+        if getattr(args, name, None):
+            out[f"data.{name}"] = str(Path(getattr(args, name)).resolve())
+    if getattr(args, "no_progress", False):
+        out["logging.progress"] = False
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from composer_replication.config import load_config
+
+    cfg = load_config(args.config, overrides_from_args(args))  # fails here, before any model loads
+    out = Path(args.out)
+    from composer_replication.safety.kill_switch import KillSwitch
+
+    with KillSwitch(stop_file=out / "STOP", log_path=out / "kill_switch.jsonl") as switch:
+        if cfg.mode == "offline":
+            from composer_replication.trainer.offline import train_offline
+
+            final = train_offline(cfg, out_dir=out, resume=args.resume, kill_switch=switch)
+        else:
+            from composer_replication.trainer.grpo_run import train_grpo
+
+            final = train_grpo(cfg, out_dir=out, resume=args.resume, kill_switch=switch)
+    print(json.dumps(final, indent=2, sort_keys=True))
+    return 0

@@ -1,0 +1,122 @@
+"""The typed config: unknown keys, bounds, the PO menu and missing files fail with the field named,
+before any model loads; the schema imports without torch/trl."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from composer_replication.config import ConfigError, TrainConfig, build_config, load_config
+
+
+@pytest.fixture()
+def data_files(tmp_path):
+    (tmp_path / "pairs.jsonl").write_text("")
+    (tmp_path / "traces.jsonl").write_text("")
+    return tmp_path
+
+
+def write_yaml(tmp_path, text: str):
+    p = tmp_path / "cfg.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_and_relative_paths(data_files):
+    p = write_yaml(data_files, "data: {pairs: pairs.jsonl}\n")
+    cfg = load_config(p)
+    assert isinstance(cfg, TrainConfig)
+    assert cfg.data.pairs == data_files / "pairs.jsonl"
+    assert (
+        cfg.grpo.objective == "dr_grpo" and cfg.loss.sdpo.weight == 0.1 and cfg.loss.preference.weight == 0.05
+    )
+
+
+@pytest.mark.parametrize(
+    "text, field, words",
+    [
+        ("data: {pairs: pairs.jsonl}\nbogus: 1\n", "bogus", "unknown key"),
+        ("data: {pairs: pairs.jsonl}\nloss: {sdpo: {wieght: 1}}\n", "loss.sdpo.wieght", "unknown key"),
+        (
+            "data: {pairs: pairs.jsonl}\nloss: {sdpo: {weight: -0.5}}\n",
+            "loss.sdpo.weight",
+            "greater than or equal to 0",
+        ),
+        (
+            "data: {pairs: pairs.jsonl}\nloss: {preference: {weight: -1}}\n",
+            "loss.preference.weight",
+            "greater than",
+        ),
+        ("data: {pairs: pairs.jsonl}\ngrpo: {objective: ppo}\n", "grpo.objective", "dr_grpo"),
+        ("data: {pairs: missing.jsonl}\n", "data.pairs", "file not found"),
+        ("data: {}\n", "(top level)", "data.traces and/or data.pairs"),
+        (
+            "data: {pairs: pairs.jsonl}\nschedule: {max_steps: 0}\n",
+            "schedule.max_steps",
+            "greater than or equal to 1",
+        ),
+        ("data: {pairs: pairs.jsonl}\nloss: {sdpo: {wrapper: bogus}}\n", "loss.sdpo.wrapper", "taid"),
+    ],
+)
+def test_bad_configs_name_the_field(data_files, text, field, words):
+    with pytest.raises(ConfigError) as err:
+        load_config(write_yaml(data_files, text))
+    msg = str(err.value)
+    assert f"  {field}:" in msg and words in msg and "cfg.yaml" in msg
+
+
+def test_toml_json_and_overrides(data_files):
+    (data_files / "c.toml").write_text(
+        'mode = "grpo"\n[data]\npairs = "pairs.jsonl"\n[grpo]\nobjective = "dapo"\n'
+    )
+    cfg = load_config(data_files / "c.toml", {"schedule.max_steps": 7, "grpo.objective": "gspo"})
+    assert cfg.mode == "grpo" and cfg.schedule.max_steps == 7 and cfg.grpo.objective == "gspo"
+    (data_files / "c.json").write_text(
+        json.dumps({"data": {"traces": "traces.jsonl"}, "optimizer": {"lr": 0.5}})
+    )
+    assert load_config(data_files / "c.json").optimizer.lr == 0.5
+    with pytest.raises(ConfigError, match="optimizer.lr"):
+        load_config(data_files / "c.json", {"optimizer.lr": -1})
+    with pytest.raises(FileNotFoundError):
+        load_config(data_files / "nope.yaml")
+
+
+def test_embeddable_and_round_trips(data_files):
+    cfg = build_config({"data": {"pairs": str(data_files / "pairs.jsonl")}})
+    again = TrainConfig.model_validate(cfg.model_dump(mode="json"))
+    assert again == cfg
+    assert TrainConfig.model_fields["loss"].description is None or True  # nested models documented per field
+    assert all(f.description for f in type(cfg.loss.sdpo).model_fields.values())
+
+
+def test_schema_and_trainer_package_import_without_torch_or_trl():
+    code = (
+        "import sys, composer_replication.config, composer_replication.trainer;"
+        "from composer_replication.trainer import po_objectives;"
+        "bad = [m for m in ('torch', 'trl', 'transformers') if m in sys.modules];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_rejects_bad_config_before_loading_a_model(data_files, monkeypatch, capsys):
+    from composer_replication import models
+    from composer_replication.cli.main import main
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded for an invalid config")
+
+    monkeypatch.setattr(models, "build_tiny_model", boom)
+    monkeypatch.setattr(models, "load_default_model", boom)
+    p = write_yaml(data_files, "data: {pairs: pairs.jsonl}\nloss: {sdpo: {weight: -1}}\nextra_key: 2\n")
+    assert main(["train", str(p), "--out", str(data_files / "run")]) == 1
+    err = capsys.readouterr().err
+    assert "loss.sdpo.weight" in err and "extra_key" in err
+    assert not (data_files / "run").exists()
+    assert main(["validate", str(p)]) == 1
+    good = write_yaml(data_files, "data: {pairs: pairs.jsonl}\n")
+    assert main(["validate", str(good)]) == 0
+    assert "ok" in capsys.readouterr().out
