@@ -177,7 +177,12 @@ class EvalConfig(_Section):
     )
     max_new_tokens: int = Field(64, ge=1, description="Greedy tokens generated per site.")
     max_prompt_tokens: int = Field(1024, ge=32, description="Left-truncate prompts to this many tokens.")
-    sandbox_tasks: bool = Field(True, description="Also measure the pass rate on the bundled sandbox tasks.")
+    sandbox_tasks: bool = Field(
+        True,
+        description="Also measure the pass rate on the bundled sandbox tasks (`grpo.tasks`), one greedy agent rollout per task.",
+    )
+    sandbox_max_turns: int = Field(3, ge=1, description="Agent turns per sandbox rollout.")
+    sandbox_max_new_tokens: int = Field(192, ge=1, description="Tokens per agent turn in sandbox rollouts.")
 
 
 class ReportConfig(_Section):

@@ -82,10 +82,14 @@ def _ingest(ctx: RunContext) -> dict[str, Any]:
         raise ValueError(
             "sources.paths is empty: list your session files or directories (e.g. ~/.claude/projects)"
         )
-    stats = ingest_paths(src.paths, ctx.path("ingest"), redact=src.redact)
-    stats = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
-    atomic_write_json(ctx.path("ingest", "stats.json"), stats)
-    return {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+    # force: the runner already decided this stage must run (inputs, config or outputs changed)
+    stats = ingest_paths(src.paths, ctx.path("ingest"), redact=src.redact, progress=True, force=True)
+    totals = stats.get("totals", {})
+    keep = ("n_states_emitted", "n_examples", "n_tool_errors", "n_assistant_turns", "n_redactions")
+    return {
+        "files": len(stats.get("files", [])),
+        **{k: v for k, v in totals.items() if k in keep or k.startswith("redacted")},
+    }
 
 
 def trace_of(state_id: str) -> str:
@@ -319,8 +323,27 @@ def _evaluate(ctx: RunContext) -> dict[str, Any]:
 
 
 def sandbox_pass_rate(ctx: RunContext, model_dir: Path) -> dict[str, Any]:
-    """Greedy attempt per bundled task, checked in the sandbox."""
-    return {}
+    """Greedy agent rollouts on the bundled tasks, checked by their tests in the sandbox."""
+    from composer_replication.pipeline.evaluate import model_fingerprint
+    from composer_replication.pipeline.grpo_phase import sandbox_pass_rate as rate
+
+    ec = ctx.config.evaluate
+    out = ctx.path("eval", "rollouts", model_fingerprint(model_dir))
+    return rate(model_dir, out, tasks=ctx.config.grpo.tasks, max_turns=ec.sandbox_max_turns,
+                max_new_tokens=ec.sandbox_max_new_tokens, stop=ctx.stop)  # fmt: skip
+
+
+def _train_grpo(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.pipeline.grpo_phase import train_grpo_on_tasks
+
+    out = ctx.path("train", "grpo")
+    if not ctx.resume and out.exists():
+        shutil.rmtree(out)
+    cfg = train_config(ctx, "grpo")
+    summary = train_grpo_on_tasks(
+        cfg, out_dir=out, tasks=ctx.config.grpo.tasks, resume=True, kill_switch=ctx.kill_switch
+    )
+    return {k: v for k, v in summary.items() if v is not None}
 
 
 def _report(ctx: RunContext) -> dict[str, Any]:
@@ -344,7 +367,7 @@ def build_stages() -> list[Stage]:
             "ingest",
             ("sources",),
             lambda ctx: [Path(p) for p in ctx.config.sources.paths],
-            _p("ingest/states.jsonl", "ingest/traces.jsonl", "ingest/stats.json"),
+            _p("ingest/states.jsonl", "ingest/traces.jsonl", "ingest/ingest_stats.json"),
             _ingest,
             description="parse sessions, redact secrets",
         ),
@@ -416,16 +439,15 @@ def build_stages() -> list[Stage]:
     ]
 
 
-def make_kill_switch(run_dir: Path, config: RunConfig) -> Any:
-    """The run's kill switch: spend cap over the replay ledger, a STOP file, training health."""
-    from composer_replication.pipeline.status import spent_usd
+def make_kill_switch(run_dir: Path) -> Any:
+    """The run's kill switch: a ``STOP`` file in the run directory, SIGTERM/SIGINT, training health.
+
+    The dollar cap is not here: replay's ledger enforces it before each call (a switch tripping at
+    "spend >= cap" would also stop the training stages of a run whose replay used its whole budget).
+    """
     from composer_replication.safety.kill_switch import KillSwitch
 
-    ledger = run_dir / "replay" / "ledger.jsonl"
-    return KillSwitch(
-        max_spend_usd=config.replay.max_total_usd, spend=lambda: spent_usd(ledger),
-        stop_file=run_dir / "STOP", log_path=run_dir / "kill_switch.jsonl",
-    )  # fmt: skip
+    return KillSwitch(stop_file=run_dir / "STOP", log_path=run_dir / "kill_switch.jsonl")
 
 
 def run_pipeline(
@@ -439,7 +461,7 @@ def run_pipeline(
     """Run (or resume) the whole pipeline in ``run_dir``; returns the report path once written."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    ks = make_kill_switch(run_dir, config)
+    ks = make_kill_switch(run_dir)
     try:
         Runner(run_dir, config, build_stages(), log=log, kill_switch=ks).run(force=force, until=until)
     finally:
