@@ -1,0 +1,70 @@
+"""The backend protocol and the one dispatch on ``TeacherSpec["backend"]``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+BILLED_NOTHING = "nothing"  # the request was refused or never reached the server
+BILLED_UNKNOWN = "unknown"  # it may have been processed and billed: book the full reservation
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[dict[str, str]]
+    max_tokens: int
+    temperature: float = 0.0
+    timeout_s: float = 120.0
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ChatResponse:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None  # as billed by the server (OpenRouter ``usage.cost``); None if not reported
+
+
+class TeacherError(Exception):
+    """A failed call. ``retryable`` errors are retried with backoff; ``billed`` says how to book it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        billed: str = BILLED_NOTHING,
+        retry_after_s: float | None = None,
+        cost_usd: float | None = None,
+        fatal: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.billed = billed
+        self.retry_after_s = retry_after_s
+        self.cost_usd = cost_usd
+        self.fatal = fatal  # stop dispatching the whole run (e.g. HTTP 402: the key's limit is reached)
+
+
+class Backend(Protocol):
+    async def complete(self, request: ChatRequest) -> ChatResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+def make_backend(spec: dict[str, Any], *, api_key: str | None, concurrency: int) -> Backend:
+    kind = spec.get("backend", "openai")
+    if kind == "openai":
+        from .openai_compat import OpenAICompatBackend
+
+        return OpenAICompatBackend(spec, api_key=api_key, concurrency=concurrency)
+    if kind == "transformers":
+        from .transformers_local import TransformersBackend
+
+        return TransformersBackend(spec)
+    raise ValueError(
+        f"teacher {spec.get('slug')!r}: unknown backend {kind!r}; use 'openai' (any OpenAI-compatible server) "
+        "or 'transformers' (in-process)"
+    )

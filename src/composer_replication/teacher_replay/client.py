@@ -1,0 +1,359 @@
+"""Fan states out to teachers under a hard dollar cap, with retries, a cache and a kill switch.
+
+What is covered: each (state, teacher) call is sent at most once per successful result across runs
+(results append to a JSONL cache; a rerun sends only what is missing); the ledger reserves each
+call's worst case before sending, so the recorded spend never exceeds ``max_total_usd`` while
+providers bill at most the spec's prices (see ``ledger.py``); 408/429/5xx, timeouts and unreadable
+bodies are retried with exponential backoff and full jitter, honouring ``Retry-After``; a call that
+still fails becomes a result row with ``error`` set; ``stop()`` is polled before each send.
+
+What is not covered: a crash between a server's response and the cache append re-sends that one call
+on rerun (the ledger books it in full both times); spend outside this ledger file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .backends.base import BILLED_UNKNOWN, ChatRequest, TeacherError, make_backend
+from .backends.openai_compat import OPENROUTER_BASE_URL
+from .cache import ResultCache, call_key, prompt_hash
+from .keys import DEFAULT_KEY_ENV, resolve_api_key
+from .ledger import SpendLedger
+from .prompt import build_messages, cost_from_tokens, prompt_token_bound, prompt_token_estimate, worst_case_usd
+from .types import DEFAULT_TEACHERS, TeacherCallResult, TeacherSpec, TraceState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RetryPolicy:
+    max_attempts: int = 5
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    retry_after_max_s: float = 120.0
+
+    def delay(self, attempt: int, retry_after_s: float | None) -> float:
+        # Full jitter (AWS architecture blog): spreads retries of a burst of 429s apart.
+        d = random.uniform(0, min(self.backoff_max_s, self.backoff_base_s * 2**attempt))
+        if retry_after_s is not None:
+            d = max(d, min(retry_after_s, self.retry_after_max_s))
+        return d
+
+
+@dataclass
+class _Call:
+    state: dict[str, Any]
+    spec: dict[str, Any]
+    request: ChatRequest
+    key: str
+    phash: str
+    reserve_usd: float
+    expected_usd: float
+
+
+@dataclass
+class ReplayReport:
+    """What a run did, for the CLI and the pipeline manifest."""
+
+    results: list[TeacherCallResult]
+    n_cached: int = 0
+    n_sent: int = 0
+    n_errors: int = 0
+    n_http_requests: int = 0
+    spent_usd: float = 0.0
+    prior_usd: float = 0.0
+    stopped: str | None = None
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+
+
+def _validate_states(states: Sequence[TraceState]) -> list[dict[str, Any]]:
+    out = []
+    seen: set[str] = set()
+    for i, s in enumerate(states):
+        for k in ("state_id", "messages", "student_action"):
+            if k not in s:
+                raise ValueError(f"state #{i}: missing field {k!r} (a TraceState needs state_id, messages, student_action)")
+        if s["state_id"] in seen:
+            raise ValueError(f"state #{i}: duplicate state_id {s['state_id']!r}")
+        seen.add(s["state_id"])
+        out.append(dict(s))
+    return out
+
+
+def plan_calls(
+    states: Sequence[TraceState], teachers: Sequence[TeacherSpec], *, max_tokens: int, timeout_s: float = 120.0
+) -> list[_Call]:
+    """Every (state, teacher) request with its cache key and its worst-case and expected cost."""
+    slugs = [t.get("slug") for t in teachers]
+    if len(set(slugs)) != len(slugs):
+        raise ValueError(f"teacher slugs must be unique, got {slugs}")
+    calls = []
+    for state in _validate_states(states):
+        messages = build_messages(state)
+        bound = prompt_token_bound(messages)
+        est = prompt_token_estimate(messages)
+        for spec in teachers:
+            for k in ("slug", "input_per_mtok", "output_per_mtok"):
+                if k not in spec:
+                    raise ValueError(f"teacher spec {spec!r}: missing {k!r}")
+            req = ChatRequest(
+                model=spec.get("model", spec["slug"]),
+                messages=messages,
+                max_tokens=max_tokens,
+                temperature=float(spec.get("temperature", 0.0)),
+                timeout_s=timeout_s,
+                extra_body=dict(spec.get("extra_body") or {}),
+            )
+            phash = prompt_hash(
+                {"model": req.model, "messages": messages, "max_tokens": max_tokens,
+                 "temperature": req.temperature, "extra": req.extra_body}
+            )  # fmt: skip
+            calls.append(
+                _Call(
+                    state=state, spec=dict(spec), request=req, key=call_key(state["state_id"], spec["slug"], phash),
+                    phash=phash, reserve_usd=worst_case_usd(bound, max_tokens, spec),
+                    expected_usd=cost_from_tokens(est, min(max_tokens, 256), spec),
+                )
+            )  # fmt: skip
+    return calls
+
+
+def price_run(
+    states: Sequence[TraceState],
+    teachers: Sequence[TeacherSpec] = tuple(DEFAULT_TEACHERS),
+    *,
+    max_tokens: int = 1024,
+    cache_path: str | Path | None = None,
+) -> dict[str, Any]:
+    """Price a run before spending: worst case (the reservations) and expected (~4 bytes/token,
+    min(max_tokens, 256) completion tokens), excluding calls already in the cache."""
+    calls = plan_calls(states, teachers, max_tokens=max_tokens)
+    cache = ResultCache(cache_path) if cache_path is not None and Path(cache_path).exists() else None
+    todo = [c for c in calls if cache is None or cache.get(c.key) is None]
+    per_teacher: dict[str, dict[str, float]] = {}
+    for c in todo:
+        t = per_teacher.setdefault(c.spec["slug"], {"calls": 0, "worst_usd": 0.0, "expected_usd": 0.0})
+        t["calls"] += 1
+        t["worst_usd"] += c.reserve_usd
+        t["expected_usd"] += c.expected_usd
+    return {
+        "calls_total": len(calls),
+        "calls_cached": len(calls) - len(todo),
+        "calls_to_send": len(todo),
+        "worst_case_usd": sum(c.reserve_usd for c in todo),
+        "expected_usd": sum(c.expected_usd for c in todo),
+        "per_teacher": per_teacher,
+    }
+
+
+def _needs_key(spec: dict[str, Any]) -> bool:
+    return spec.get("backend", "openai") == "openai" and spec.get("base_url", OPENROUTER_BASE_URL).startswith(
+        OPENROUTER_BASE_URL
+    )
+
+
+def _stop_error(reason: str) -> Exception:
+    try:
+        from composer_replication.safety.kill_switch import KillSwitchTriggered
+    except ImportError:
+        err = RuntimeError(f"kill switch: {reason}")
+        err.exit_code = 3  # type: ignore[attr-defined]
+        err.reason = reason  # type: ignore[attr-defined]
+        return err
+    return KillSwitchTriggered(reason)
+
+
+def _row(call: _Call, **kw: Any) -> TeacherCallResult:
+    row: TeacherCallResult = {
+        "state_id": call.state["state_id"], "teacher_slug": call.spec["slug"], "response_text": None,
+        "latency_s": 0.0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "error": None,
+    }  # fmt: skip
+    row.update(kw)  # type: ignore[typeddict-item]
+    return row
+
+
+async def replay_states(
+    states: Sequence[TraceState],
+    teachers: Sequence[TeacherSpec] = tuple(DEFAULT_TEACHERS),
+    *,
+    max_total_usd: float = 5.0,
+    api_key: str | None = None,
+    cache_path: str | Path | None = None,
+    ledger_path: str | Path | None = None,
+    concurrency: int = 16,
+    max_tokens: int = 1024,
+    timeout_s: float = 120.0,
+    retry: RetryPolicy | None = None,
+    stop: Callable[[], str | None] | None = None,
+    kill_switch: Any = None,
+    progress: bool = False,
+    fsync: bool = False,
+) -> ReplayReport:
+    """Send every (state, teacher) call not already in ``cache_path``; return all results in order.
+
+    ``ledger_path`` persists the spend so a rerun starts from what was already booked (by default
+    it sits beside the cache). ``stop`` (or ``kill_switch.should_stop``) is polled before each send;
+    on a reason, in-flight calls finish and are recorded, then ``KillSwitchTriggered`` is raised.
+    """
+    if concurrency < 1 or max_tokens < 1:
+        raise ValueError("concurrency and max_tokens must be >= 1")
+    retry = retry or RetryPolicy()
+    if kill_switch is not None and stop is None:
+        stop = kill_switch.should_stop
+    calls = plan_calls(states, teachers, max_tokens=max_tokens, timeout_s=timeout_s)
+    if ledger_path is None and cache_path is not None:
+        ledger_path = Path(cache_path).with_name(Path(cache_path).stem + ".ledger.jsonl")
+    cache = ResultCache(cache_path, fsync=fsync)
+    ledger = SpendLedger(max_total_usd, ledger_path, fsync=fsync)
+    report = ReplayReport(results=[], prior_usd=ledger.prior_usd)
+    results: dict[str, TeacherCallResult] = {}
+    todo: list[_Call] = []
+    for c in calls:
+        hit = cache.get(c.key)
+        if hit is not None:
+            results[c.key] = hit
+        else:
+            todo.append(c)
+    report.n_cached = len(results)
+
+    backends: dict[tuple, Any] = {}
+    call_backend: dict[str, Any] = {}
+    try:
+        for c in todo:
+            spec = c.spec
+            env = spec.get("api_key_env", DEFAULT_KEY_ENV)
+            key = resolve_api_key(api_key, env) if (_needs_key(spec) or api_key or "api_key_env" in spec) else None
+            if _needs_key(spec) and not key:
+                raise RuntimeError(
+                    f"teacher {spec['slug']!r} needs an API key: pass api_key=..., set ${env}, or put {env}=... "
+                    "in ./.env"
+                )
+            ident = (spec.get("backend", "openai"), spec.get("base_url"), spec.get("model_path"), key)
+            if ident not in backends:
+                backends[ident] = make_backend(spec, api_key=key, concurrency=concurrency)
+            call_backend[c.key] = backends[ident]
+
+        sem = asyncio.Semaphore(concurrency)
+        state = {"stopped": None, "fatal": None}
+        bar = None
+        if progress and todo:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(todo), unit="call", desc="replay", dynamic_ncols=True)
+
+        def _poll() -> str | None:
+            if state["stopped"] is None and stop is not None:
+                state["stopped"] = stop()
+            return state["stopped"]
+
+        async def one(call: _Call) -> TeacherCallResult:
+            backend = call_backend[call.key]
+            attempt = 0
+            while True:
+                async with sem:
+                    if _poll():
+                        return _row(call, error=f"not sent: stopped: {state['stopped']}")
+                    if state["fatal"]:
+                        return _row(call, error=f"not sent: {state['fatal']}")
+                    res = await ledger.reserve(call.key, call.reserve_usd)
+                    if res is None:
+                        why = "provider overcharged; run halted" if ledger.overrun else "budget exhausted"
+                        return _row(
+                            call,
+                            error=f"not sent: {why} (${ledger.committed_usd:.6f} of ${ledger.max_total_usd:.6f} "
+                            f"booked; this call's worst case is ${call.reserve_usd:.6f})",
+                        )
+                    t0 = time.perf_counter()
+                    report.n_http_requests += 1
+                    try:
+                        resp = await backend.complete(call.request)
+                    except TeacherError as exc:
+                        latency = time.perf_counter() - t0
+                        if exc.cost_usd is not None:
+                            await ledger.settle(res, exc.cost_usd, note="error")
+                        elif exc.billed == BILLED_UNKNOWN:
+                            await ledger.settle(res, res.usd, note=f"outcome unknown: {exc}")
+                        else:
+                            await ledger.release(res)
+                        if exc.fatal:
+                            state["fatal"] = f"run halted by {exc}"
+                        err = exc
+                    except BaseException:
+                        await ledger.settle(res, res.usd, note="interrupted")
+                        raise
+                    else:
+                        latency = time.perf_counter() - t0
+                        cost = resp.cost_usd
+                        if cost is None:
+                            cost = cost_from_tokens(resp.prompt_tokens, resp.completion_tokens, call.spec)
+                        await ledger.settle(res, max(0.0, cost))
+                        if kill_switch is not None:
+                            kill_switch.observe(spend_usd=ledger.spent_usd)
+                        row = _row(
+                            call, response_text=resp.text, latency_s=round(latency, 4), prompt_tokens=resp.prompt_tokens,
+                            completion_tokens=resp.completion_tokens, cost_usd=max(0.0, cost),
+                        )  # fmt: skip
+                        cache.put(call.key, call.phash, row)
+                        return row
+                attempt += 1
+                if not err.retryable or attempt >= retry.max_attempts or err.fatal:
+                    row = _row(call, latency_s=round(latency, 4), error=f"{err} (after {attempt} attempt(s))")
+                    cache.put(call.key, call.phash, row)
+                    return row
+                await asyncio.sleep(retry.delay(attempt - 1, err.retry_after_s))
+
+        async def tracked(call: _Call) -> None:
+            row = await one(call)
+            results[call.key] = row
+            report.n_sent += row["error"] is None or not str(row["error"]).startswith("not sent")
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"${ledger.committed_usd:.4f}/${ledger.max_total_usd:.2f}", refresh=False)
+
+        try:
+            await asyncio.gather(*(tracked(c) for c in todo))
+        finally:
+            if bar is not None:
+                bar.close()
+    finally:
+        for b in backends.values():
+            await b.aclose()
+        cache.close()
+        ledger.close()
+
+    report.results = [results[c.key] for c in calls]
+    report.spent_usd = ledger.spent_usd
+    for r in report.results:
+        if r["error"] is not None:
+            report.n_errors += 1
+            kind = str(r["error"]).split(":")[0][:40]
+            report.errors_by_kind[kind] = report.errors_by_kind.get(kind, 0) + 1
+    report.stopped = state["stopped"]
+    if report.stopped:
+        raise _stop_error(report.stopped)
+    return report
+
+
+async def replay_trace(
+    states: Sequence[TraceState],
+    teachers: Sequence[TeacherSpec] = tuple(DEFAULT_TEACHERS),
+    max_total_usd: float = 5.0,
+    api_key: str | None = None,
+    **kwargs: Any,
+) -> list[TeacherCallResult]:
+    """For each state, one call per teacher; the recorded spend never exceeds ``max_total_usd``.
+
+    A thin wrapper over :func:`replay_states` (keyword options: ``cache_path``, ``ledger_path``,
+    ``concurrency``, ``max_tokens``, ``timeout_s``, ``retry``, ``stop``, ``progress``). Returns one
+    row per (state, teacher), in order; calls the budget did not allow carry ``error="not sent: ..."``.
+    """
+    report = await replay_states(states, teachers, max_total_usd=max_total_usd, api_key=api_key, **kwargs)
+    return report.results
