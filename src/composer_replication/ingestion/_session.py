@@ -39,6 +39,7 @@ class IngestionStats:
     n_lines: int = 0
     n_non_utf8_lines: int = 0
     n_unknown_types: int = 0
+    n_malformed_records: int = 0
     n_duplicates: int = 0
     n_api_errors: int = 0
     n_off_branch: int = 0

@@ -112,11 +112,16 @@ class ClaudeCodeIngester:
         local: set[str] = set()
         kept: list[dict[str, Any]] = []
         for rec in records:
+            if not _well_formed(rec):
+                stats.n_malformed_records += 1
+                continue
             t = rec.get("type")
             if t not in _KNOWN_TYPES:
                 stats.n_unknown_types += 1
             if t == "summary":
                 stats.skipped_summary += 1
+            elif _is_api_error(rec):
+                stats.n_api_errors += 1
             uid = rec.get("uuid")
             if isinstance(uid, str):
                 if uid in local or (seen is not None and uid in seen):
@@ -192,70 +197,70 @@ class ClaudeCodeIngester:
         return out
 
     def _events(self, recs: list[dict[str, Any]], stats: IngestionStats) -> tuple[list[list[Event]], int]:
-        red = self.redactor.redact
         segments: list[list[Event]] = [[]]
         calls: dict[str, Block] = {}
         used = 0
         for r in recs:
-            t = r.get("type")
-            if t == "system":
-                if r.get("subtype") == "compact_boundary":
-                    stats.n_compactions += 1
-                    if segments[-1]:
-                        segments.append([])
-                    used += 1
-                elif r.get("subtype") == "api_error":
-                    stats.n_api_errors += 1
-                continue
-            msg = r.get("message")
-            if t not in ("user", "assistant") or not isinstance(msg, dict):
-                continue
-            seg = segments[-1]
-            if t == "assistant":
-                if r.get("isApiErrorMessage") or msg.get("model") == "<synthetic>":
-                    stats.n_api_errors += 1
-                    continue
-                used += 1
-                key = _msg_id(r)
-                blocks = self._assistant_blocks(msg.get("content"), stats)
-                for b in blocks:
-                    if b.kind == "tool_use":
-                        calls[b.id] = b
-                last = next((e for e in reversed(seg) if e.kind != "tool"), None)
-                if last is not None and last.kind == "assistant" and last.key == key:
-                    assert last.blocks is not None
-                    last.blocks.extend(blocks)
-                else:
-                    seg.append(Event("assistant", blocks=blocks, key=key))
-                continue
-            # user record
-            if r.get("isCompactSummary"):
-                if seg:
-                    segments.append([])
-                segments[-1].append(Event("user", text=red(text_of(msg.get("content")))))
-                used += 1
-                continue
-            if r.get("isMeta"):
-                stats.n_meta_skipped += 1
-                continue
-            used += 1
-            content = msg.get("content")
-            if isinstance(content, str):
-                if content.strip():
-                    seg.append(Event("user", text=red(content)))
-                continue
-            if not isinstance(content, list):
-                continue
-            for b in content:
-                if not isinstance(b, dict):
-                    continue
-                if b.get("type") == "tool_result":
-                    seg.append(self._tool_event(b, r, calls, stats))
-                else:
-                    text = text_of([b])
-                    if text.strip():
-                        seg.append(Event("user", text=red(text)))
+            try:
+                used += self._record(r, segments, calls, stats)
+            except (TypeError, AttributeError, ValueError, KeyError):
+                # A record whose fields have unexpected types: count it, keep the rest of the session.
+                stats.n_malformed_records += 1
         return segments, used
+
+    def _record(
+        self, r: dict[str, Any], segments: list[list[Event]], calls: dict[str, Block], stats: IngestionStats
+    ) -> int:
+        """Add one record's events; returns 1 if the record was used, else 0."""
+        red = self.redactor.redact
+        t = r.get("type")
+        if t == "system":
+            if r.get("subtype") != "compact_boundary":
+                return 0
+            stats.n_compactions += 1
+            if segments[-1]:
+                segments.append([])
+            return 1
+        msg = r.get("message")
+        if t not in ("user", "assistant") or not isinstance(msg, dict) or _is_api_error(r):
+            return 0
+        seg = segments[-1]
+        if t == "assistant":
+            key = _msg_id(r)
+            blocks = self._assistant_blocks(msg.get("content"), stats)
+            for b in blocks:
+                if b.kind == "tool_use":
+                    calls[b.id] = b
+            last = next((e for e in reversed(seg) if e.kind != "tool"), None)
+            if last is not None and last.kind == "assistant" and last.key == key:
+                assert last.blocks is not None
+                last.blocks.extend(blocks)
+            else:
+                seg.append(Event("assistant", blocks=blocks, key=key))
+            return 1
+        if r.get("isCompactSummary"):
+            if seg:
+                segments.append([])
+            segments[-1].append(Event("user", text=red(text_of(msg.get("content")))))
+            return 1
+        if r.get("isMeta"):
+            stats.n_meta_skipped += 1
+            return 0
+        content = msg.get("content")
+        if isinstance(content, str):
+            if content.strip():
+                seg.append(Event("user", text=red(content)))
+            return 1
+        for b in content if isinstance(content, list) else []:
+            if not isinstance(b, dict):
+                continue
+            if b.get("type") == "tool_result":
+                seg.append(self._tool_event(b, r, calls, stats))
+            else:
+                text = text_of([b])
+                if text.strip():
+                    seg.append(Event("user", text=red(text)))
+        return 1
 
     def _assistant_blocks(self, content: Any, stats: IngestionStats) -> list[Block]:
         red = self.redactor.redact
@@ -275,7 +280,10 @@ class ClaudeCodeIngester:
                 tool_input = self.redactor.redact_obj(b.get("input", {}))
                 out.append(
                     Block(
-                        "tool_use", name=str(b.get("name") or "unknown"), input=tool_input, id=b.get("id", "")
+                        "tool_use",
+                        name=str(b.get("name") or "unknown"),
+                        input=tool_input,
+                        id=str(b.get("id") or ""),
                     )
                 )
             elif kind == "thinking":
@@ -307,6 +315,28 @@ class ClaudeCodeIngester:
         return ev
 
 
+_STR_OR_NONE = ("uuid", "parentUuid", "logicalParentUuid", "type", "subtype")
+
+
+def _well_formed(r: dict[str, Any]) -> bool:
+    """The envelope fields the parser relies on have usable types (anything else passes through)."""
+    if any(not isinstance(r.get(k), (str, type(None))) for k in _STR_OR_NONE):
+        return False
+    m = r.get("message")
+    if m is None:
+        return True
+    return isinstance(m, dict) and isinstance(m.get("id"), (str, type(None)))
+
+
+def _is_api_error(r: dict[str, Any]) -> bool:
+    if r.get("type") == "system":
+        return r.get("subtype") == "api_error"
+    if r.get("type") != "assistant":
+        return False
+    m = r.get("message")
+    return bool(r.get("isApiErrorMessage")) or (isinstance(m, dict) and m.get("model") == "<synthetic>")
+
+
 def _msg_id(r: dict[str, Any]) -> str:
     m = r.get("message")
     mid = m.get("id") if isinstance(m, dict) else None
@@ -326,7 +356,11 @@ def _tool_result_ids(r: dict[str, Any]) -> set[str]:
     c = r.get("message", {}).get("content") if isinstance(r.get("message"), dict) else None
     if not isinstance(c, list):
         return set()
-    return {b.get("tool_use_id") for b in c if isinstance(b, dict) and b.get("type") == "tool_result"}
+    return {
+        b["tool_use_id"]
+        for b in c
+        if isinstance(b, dict) and b.get("type") == "tool_result" and isinstance(b.get("tool_use_id"), str)
+    }
 
 
 def _sidechain_groups(side: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

@@ -109,6 +109,9 @@ class CodexIngester:
         for i, rec in enumerate(records):
             t = rec.get("type")
             payload = rec.get("payload")
+            if not isinstance(t, (str, type(None))):
+                stats.n_malformed_records += 1
+                continue
             if t in _ENVELOPE_TYPES and isinstance(payload, dict):
                 if t == "response_item":
                     items.append(payload)
@@ -147,65 +150,81 @@ class CodexIngester:
         return items
 
     def _segments(self, items: list[dict[str, Any]], stats: IngestionStats) -> list[list[Event]]:
-        red = self.redactor.redact
         segments: list[list[Event]] = [[]]
         calls: dict[str, Block] = {}
         current: Event | None = None  # the assistant turn being built
         for it in items:
-            t = it.get("type")
-            seg = segments[-1]
-            if t == "_compacted":
-                history = it.get("replacement_history")
-                text = it.get("message") or ""
-                if not text and isinstance(history, list):
-                    text = "\n\n".join(
-                        f"{h.get('role', 'user')}: {text_of(h.get('content'))}"
-                        for h in history
-                        if isinstance(h, dict)
-                    )
-                segments.append([Event("user", text=red(f"[COMPACTED CONTEXT]\n{text}"))])
+            try:
+                current = self._item(it, segments, calls, current, stats)
+            except (TypeError, AttributeError, ValueError, KeyError):
+                stats.n_malformed_records += 1
                 current = None
-                continue
-            if t == "message":
-                role = it.get("role")
-                text = text_of(it.get("content"))
-                if role == "assistant":
-                    current = self._turn(current, seg, stats)
-                    assert current.blocks is not None
-                    stats.n_text_blocks += 1
-                    current.blocks.append(Block("text", red(text)))
-                elif role == "user":
-                    current = None
-                    if text.strip():
-                        seg.append(Event("user", text=red(text)))
-                else:
-                    stats.n_meta_skipped += 1  # developer / system instructions
-                continue
-            if t in _MODEL_ITEMS:
+        return segments
+
+    def _item(
+        self,
+        it: dict[str, Any],
+        segments: list[list[Event]],
+        calls: dict[str, Block],
+        current: Event | None,
+        stats: IngestionStats,
+    ) -> Event | None:
+        """Add one Responses item; returns the assistant turn still open after it (or None)."""
+        red = self.redactor.redact
+        t = it.get("type")
+        seg = segments[-1]
+        if t == "_compacted":
+            history = it.get("replacement_history")
+            text = it.get("message") or ""
+            if not text and isinstance(history, list):
+                text = "\n\n".join(
+                    f"{h.get('role', 'user')}: {text_of(h.get('content'))}"
+                    for h in history
+                    if isinstance(h, dict)
+                )
+            segments.append([Event("user", text=red(f"[COMPACTED CONTEXT]\n{text}"))])
+            current = None
+            return current
+        if t == "message":
+            role = it.get("role")
+            text = text_of(it.get("content"))
+            if role == "assistant":
                 current = self._turn(current, seg, stats)
                 assert current.blocks is not None
-                if t == "reasoning":
-                    summary = it.get("summary")
-                    text = text_of(summary) if isinstance(summary, list) else ""
-                    stats.n_thinking_blocks += 1
-                    current.blocks.append(Block("thinking", red(text)))
-                    continue
-                name, tool_input = _call(it)
-                stats.n_tool_use_blocks += 1
-                b = Block(
-                    "tool_use",
-                    name=name,
-                    input=self.redactor.redact_obj(tool_input),
-                    id=str(it.get("call_id") or ""),
-                )
-                current.blocks.append(b)
-                if b.id:
-                    calls[b.id] = b
-                continue
-            if t in _OUTPUT_ITEMS:
+                stats.n_text_blocks += 1
+                current.blocks.append(Block("text", red(text)))
+            elif role == "user":
                 current = None
-                seg.append(self._tool_event(it, calls, stats))
-        return segments
+                if text.strip():
+                    seg.append(Event("user", text=red(text)))
+            else:
+                stats.n_meta_skipped += 1  # developer / system instructions
+            return current
+        if t in _MODEL_ITEMS:
+            current = self._turn(current, seg, stats)
+            assert current.blocks is not None
+            if t == "reasoning":
+                summary = it.get("summary")
+                text = text_of(summary) if isinstance(summary, list) else ""
+                stats.n_thinking_blocks += 1
+                current.blocks.append(Block("thinking", red(text)))
+                return current
+            name, tool_input = _call(it)
+            stats.n_tool_use_blocks += 1
+            b = Block(
+                "tool_use",
+                name=name,
+                input=self.redactor.redact_obj(tool_input),
+                id=str(it.get("call_id") or ""),
+            )
+            current.blocks.append(b)
+            if b.id:
+                calls[b.id] = b
+            return current
+        if t in _OUTPUT_ITEMS:
+            current = None
+            seg.append(self._tool_event(it, calls, stats))
+        return current
 
     @staticmethod
     def _turn(current: Event | None, seg: list[Event], stats: IngestionStats) -> Event:
