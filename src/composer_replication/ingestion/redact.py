@@ -56,7 +56,7 @@ _PATTERNS: list[tuple[str, tuple[str, ...], str, int, bool]] = [
     ("gcp_api_key", ("AIza",), r"AIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])", 0, True),
     (
         "github_token",
-        ("gh",),
+        ("gh", "githu"),
         r"gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}",
         0,
         True,
@@ -80,32 +80,31 @@ _PATTERNS: list[tuple[str, tuple[str, ...], str, int, bool]] = [
         1,
         True,
     ),
-    ("url_password", ("://",), r"://[^\s:/@'\"]+:([^\s@/'\"]{3,})@", 1, False),
+    ("url_password", ("://",), r"://[^\s:/@'\"]*:(?!\[REDACTED)([^\s@/'\"]{3,})@", 1, False),
     (
         "env_secret",
         # NAME=value / NAME: value / "name": "value" where NAME looks like a secret. The value must be quoted or
         # contain a digit, which skips code such as ``password = get_password()``.
-        (
-            "ecre",
-            "ECRE",
-            "assw",
-            "ASSW",
-            "oken",
-            "OKEN",
-            "_key",
-            "_KEY",
-            "-key",
-            "ikey",
-            "IKEY",
-            "Key",
-            "rede",
-            "REDE",
-            "pwd",
-            "PWD",
+        tuple(
+            v
+            for k in (
+                "secre",
+                "passw",
+                "pwd",
+                "token",
+                "api_k",
+                "apike",
+                "api-k",
+                "acces",
+                "priva",
+                "crede",
+                "auth_",
+            )
+            for v in (k, k.upper(), k.capitalize())
         ),
         r"(?i)(?:secret|passw(?:or)?d|pwd|token|api[_\-]?key|access[_\-]?key|private[_\-]?key|"
-        r"credentials?|auth[_\-]?key)[A-Za-z0-9_]*[\"']?"
-        r"[ \t]*[:=][ \t]*(?:[\"'](?!\[REDACTED)([^\"'\s]{6,})[\"']|(?=[^\s\"'#]*\d)([^\s\"'#,;(){}\[\]<>]{8,}))",
+        r"credentials?|auth[_\-]?key)(?:[_\-]?key)?s?[\"']?"
+        r"[ \t]*[:=][ \t]*(?:[\"'](?!\[REDACTED)([^\"'\s]{6,})[\"']|(?=[^\s\"'#,;(){}\[\]<>]*\d)([^\s\"'#,;(){}\[\]<>]{8,}))",
         -1,
         False,
     ),
@@ -113,7 +112,7 @@ _PATTERNS: list[tuple[str, tuple[str, ...], str, int, bool]] = [
 
 _PLACEHOLDER = "[REDACTED:{}]"
 # How far before its anchor a pattern's match may start (anchors inside the match, e.g. "_key" in "api_key").
-_BACK = {"stripe_key": 5, "bearer_token": 2, "env_secret": 8}
+_BACK = {"stripe_key": 5, "bearer_token": 2}
 _BY_ANCHOR: dict[str, list[tuple[int, str, re.Pattern[str], int, bool, int]]] = {}
 for _prio, (_name, _anchors, _rx, _group, _wb) in enumerate(_PATTERNS):
     for _a in _anchors:
