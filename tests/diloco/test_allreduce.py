@@ -163,3 +163,32 @@ def test_bad_arguments(tmp_path):
         object_store_allreduce(LocalDirStore(tmp_path), _contrib(0), run_id="r", round_index=0, rank=3, world_size=2)
     with pytest.raises(ValueError, match="must not contain"):
         LocalDirStore(tmp_path).get("../etc/passwd")
+
+
+@pytest.mark.slow
+def test_seaweedfs_real_s3_server(seaweedfs_endpoint):
+    """The same guarantees on SeaweedFS: identical float64 means, a dead replica excluded, corruption rejected."""
+    import hashlib
+
+    from safetensors.torch import save
+
+    from composer_replication.diloco.serverless.store import S3Store
+
+    seaweedfs_endpoint.create_bucket(Bucket="diloco")
+    store = S3Store("diloco", prefix="t", client=seaweedfs_endpoint)
+    assert store.put_if_absent("k", b"1") and not store.put_if_absent("k", b"2")
+    results = _run_replicas(store, range(4), 4, round_index=0, deadline_s=30)
+    ref = _float64_mean(range(4))
+    for r in range(4):
+        assert torch.equal(results[r].tensors["w"], ref["w"]) and results[r].participants == [0, 1, 2, 3]
+    # round 1: rank 3 dead, rank 1's upload corrupted
+    data = save({k: v.contiguous() for k, v in sorted(_contrib(1).items())})
+    store.put_if_absent(
+        f"{round_prefix('run', 1)}/delta/00001.safetensors",
+        data[:-8] + b"\x00" * 8,
+        metadata={"sha256": hashlib.sha256(data).hexdigest(), "weight": "1.0"},
+    )
+    results = _run_replicas(store, [0, 2], 4, round_index=1, deadline_s=0.5, min_participants=2)
+    for r in (0, 2):
+        assert results[r].participants == [0, 2] and "sha256" in results[r].rejected[1]
+        assert torch.equal(results[r].tensors["w"], _float64_mean([0, 2])["w"])

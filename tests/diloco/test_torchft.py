@@ -100,32 +100,43 @@ def test_four_replicas_bit_identical_after_every_sync(tmp_path, start_lighthouse
 
 @pytest.mark.slow
 def test_kill_continue_restart_rejoin(tmp_path, start_lighthouse):
-    # min_replicas=1: a quorum forms without the dead replica; the rejoined one heals from the survivor
-    cfg = _config(tmp_path, start_lighthouse(1), rounds=40, step_sleep_s=0.2)
+    # min_replicas=1: a quorum forms without the dead replica; the rejoined one heals from the survivor.
+    # The run is open-ended (rounds=10_000); the test stops both replicas once the rejoin is observed.
+    cfg = _config(tmp_path, start_lighthouse(1), rounds=10_000, step_sleep_s=0.05)
     run_dir = Path(cfg["run_dir"])
     ex = LocalProcessExecutor(run_dir)
     handles = ex.launch_replicas(2, DEFAULT_ENTRYPOINT, cfg)
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until both have synced at least twice
-        if all((run_dir / f"replica-{r}.metrics.jsonl").exists() and len(_syncs(run_dir, r)) >= 2 for r in (0, 1)):
-            break
-        time.sleep(0.2)
+
+    def wait_for(pred, what, limit=240):
+        end = time.time() + limit
+        while time.time() < end:
+            try:
+                if pred():
+                    return
+            except FileNotFoundError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    wait_for(lambda: all(any(r["participants"] == 2 for r in _syncs(run_dir, k)) for k in (0, 1)), "a 2-replica sync")
     ex.kill(handles[1])  # SIGKILL mid-run
     killed_at = len(_syncs(run_dir, 1))
-    time.sleep(3)
-    assert ex.poll(handles[0]) == "running"  # the survivor goes on alone
+    n0 = len(_syncs(run_dir, 0))
+    wait_for(lambda: len(_syncs(run_dir, 0)) >= n0 + 3, "the survivor to go on alone")
+    assert ex.poll(handles[0]) == "running"
     restarted = ex.launch_one(1, 2, DEFAULT_ENTRYPOINT, cfg)
-    results = ex.collect([handles[0], restarted], timeout=300)
-    assert [r.state for r in results] == ["succeeded", "succeeded"], [r.error for r in results]
+    wait_for(lambda: len(_syncs(run_dir, 1)) >= killed_at + 3, "the restarted replica to sync")
+    ex.cancel(handles[0])
+    ex.cancel(restarted)
     survivor = _syncs(run_dir, 0)
     assert any(r["participants"] == 1 for r in survivor)  # it ran alone while 1 was dead
     rejoined = _syncs(run_dir, 1)[killed_at:]
-    assert rejoined, "the restarted replica never synced"
-    assert rejoined[0]["round"] > killed_at, "it healed from the survivor instead of starting over"
+    assert rejoined[0]["round"] > killed_at + 1, "it healed from the survivor instead of starting over"
     by_round = {r["round"]: r["param_sha256"] for r in survivor}
-    for row in rejoined:  # after rejoining, it matches the survivor at every sync
+    common = [row for row in rejoined if row["round"] in by_round]
+    assert len(common) >= 2
+    for row in common:  # after rejoining, it matches the survivor at every sync
         assert row["param_sha256"] == by_round[row["round"]], row["round"]
-    assert results[0].value["param_sha256"] == results[1].value["param_sha256"]
 
 
 class _Manager:

@@ -157,12 +157,16 @@ def object_store_allreduce(
     start = clock()
     prefix = round_prefix(run_id, round_index)
     like = {k: t.detach().cpu() for k, t in tensors.items()}
+    valid: dict[int, tuple[dict[str, torch.Tensor], str, float]] = {}
     if upload:
         data = _serialize(like)
         meta = {"sha256": _sha256(data), "rank": str(rank), "weight": repr(float(weight))}
-        store.put_if_absent(f"{prefix}/delta/{rank:05d}.safetensors", data, metadata=meta)
-
-    valid: dict[int, tuple[dict[str, torch.Tensor], str, float]] = {}
+        finite = all(bool(torch.isfinite(t).all()) for t in like.values() if t.is_floating_point())
+        created = store.put_if_absent(f"{prefix}/delta/{rank:05d}.safetensors", data, metadata=meta)
+        if created and finite:
+            # our own upload: no need to download it again (a retry re-reads whatever won, below)
+            valid[rank] = (like, meta["sha256"], float(weight))
+        del data
     rejected: dict[int, str] = {}
     manifest: dict | None = None
     writer: int | None = None
