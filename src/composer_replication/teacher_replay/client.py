@@ -68,8 +68,8 @@ class ReplayReport:
     n_sent: int = 0
     n_errors: int = 0
     n_http_requests: int = 0
-    spent_usd: float = 0.0
-    prior_usd: float = 0.0
+    spent_usd: float = 0.0  # booked by this run
+    prior_usd: float = 0.0  # booked by earlier runs sharing the ledger file
     stopped: str | None = None
     errors_by_kind: dict[str, int] = field(default_factory=dict)
 
@@ -330,7 +330,7 @@ async def replay_states(
         ledger.close()
 
     report.results = [results[c.key] for c in calls]
-    report.spent_usd = ledger.spent_usd
+    report.spent_usd = ledger.settled_usd
     for r in report.results:
         if r["error"] is not None:
             report.n_errors += 1

@@ -136,7 +136,7 @@ class FakeOpenRouter:
 
 
 def _err(status: int, message: str) -> tuple[int, dict[str, str], bytes]:
-    etype = {429: "rate_limit_exceeded", 402: "insufficient_credits"}.get(status, "provider_error")
+    etype = {429: "rate_limit_exceeded", 402: "insufficient_credits", 400: "invalid_request"}.get(status, "provider_error")
     body = {"error": {"code": status, "message": message, "metadata": {"error_type": etype}}}
     return status, {}, json.dumps(body).encode()
 

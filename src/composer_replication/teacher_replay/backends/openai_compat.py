@@ -58,7 +58,7 @@ def _error_from_body(body: dict[str, Any], status: int) -> TeacherError:
     meta = err.get("metadata") if isinstance(err.get("metadata"), dict) else {}
     etype = meta.get("error_type", "")
     msg = f"HTTP {status}" + (f" error {code}" if code != status else "") + f": {str(err.get('message', ''))[:300]}"
-    retryable = code in RETRYABLE_STATUS or etype in ("rate_limit_exceeded", "provider_error", "timeout")
+    retryable = code in RETRYABLE_STATUS or etype in ("rate_limit_exceeded", "timeout")
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
     cost = usage.get("cost")
     return TeacherError(

@@ -1,0 +1,177 @@
+"""replay_states / replay_trace against a real loopback server: faults, budget, resume, keys, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import subprocess
+import sys
+
+import pytest
+
+from composer_replication._io import read_jsonl
+from composer_replication.teacher_replay import replay_trace
+from composer_replication.teacher_replay.client import RetryPolicy, price_run, replay_states
+from composer_replication.teacher_replay.fake_server import Reply
+
+from .conftest import SECRET, make_states, make_teachers
+
+FAST = RetryPolicy(max_attempts=4, backoff_base_s=0.001, backoff_max_s=0.01)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_import_does_not_load_httpx():
+    code = "import sys, composer_replication.teacher_replay, composer_replication.replaysim; print('httpx' in sys.modules, 'data_juicer' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_success_spend_matches_billed_and_key_never_persisted(fake_openrouter, tmp_path, caplog):
+    srv = fake_openrouter
+    srv.required_key = SECRET
+    teachers = make_teachers(srv)
+    states = make_states(5)
+    caplog.set_level(logging.DEBUG)
+    cache = tmp_path / "calls.jsonl"
+    rep = run(replay_states(states, teachers, max_total_usd=1.0, api_key=SECRET, cache_path=cache, retry=FAST))
+    assert [(r["state_id"], r["teacher_slug"]) for r in rep.results] == [
+        (s["state_id"], t["slug"]) for s in states for t in teachers
+    ]
+    assert all(r["error"] is None for r in rep.results)
+    assert rep.spent_usd == pytest.approx(srv.billed_usd, rel=1e-9) and srv.billed_usd > 0
+    assert sum(r["cost_usd"] for r in rep.results) == pytest.approx(srv.billed_usd, rel=1e-9)
+    assert srv.seen_auth == {f"Bearer {SECRET}"}
+    for f in tmp_path.iterdir():
+        assert SECRET not in f.read_text()
+    assert SECRET not in caplog.text
+
+
+def test_thirty_percent_faults_every_call_ends_success_or_recorded_error(fake_openrouter, tmp_path):
+    srv = fake_openrouter
+    teachers = make_teachers(srv)
+    states = make_states(20)
+    rng = random.Random(7)
+    faults = [
+        Reply(kind="http_error", status=429, retry_after="0.01"),
+        Reply(kind="http_error", status=500),
+        Reply(kind="http_error", status=502),
+        Reply(kind="http_error", status=503, retry_after="0"),
+        Reply(kind="error_200", status=502),
+        Reply(kind="malformed"),
+        Reply(kind="hang"),
+        Reply(kind="http_error", status=400),  # not retryable: becomes a recorded error
+    ]
+    plan = {}
+
+    def script(info):
+        if (info.key, info.n) not in plan:
+            plan[(info.key, info.n)] = rng.choice(faults) if rng.random() < 0.3 else Reply(delay_s=0.005)
+        return plan[(info.key, info.n)]
+
+    srv.script = script
+    cache = tmp_path / "calls.jsonl"
+    rep = run(
+        replay_states(
+            states, teachers, max_total_usd=10.0, cache_path=cache, timeout_s=0.3, retry=FAST, concurrency=8
+        )
+    )
+    assert len(rep.results) == 60
+    for r in rep.results:
+        assert (r["error"] is None) != (r["response_text"] is None)
+    errors = [r for r in rep.results if r["error"]]
+    ok = [r for r in rep.results if not r["error"]]
+    assert ok and len(ok) + len(errors) == 60
+    # every error was recorded in the cache file too
+    rows = list(read_jsonl(cache))
+    assert {(r["state_id"], r["teacher_slug"]) for r in rows if r["error"]} >= {
+        (r["state_id"], r["teacher_slug"]) for r in errors
+    }
+    # the ledger never under-counts what the server billed, and stays under the cap
+    assert srv.billed_usd - 1e-12 <= rep.spent_usd <= 10.0
+
+
+def test_retry_after_is_honoured(fake_openrouter):
+    srv = fake_openrouter
+    teachers = make_teachers(srv, slugs=("t/a",))
+    times = []
+
+    def script(info):
+        import time
+
+        times.append(time.monotonic())
+        return Reply(kind="http_error", status=429, retry_after="0.4") if info.n == 1 else Reply()
+
+    srv.script = script
+    res = run(replay_trace(make_states(1), teachers, max_total_usd=1.0, retry=FAST))
+    assert res[0]["error"] is None and len(times) == 2
+    assert times[1] - times[0] >= 0.4  # FAST's own backoff is <= 10 ms
+
+
+def test_budget_cap_and_402_halt(fake_openrouter, tmp_path):
+    srv = fake_openrouter
+    teachers = make_teachers(srv, price=(100.0, 400.0))
+    states = make_states(10)
+    est = price_run(states, teachers, max_tokens=64)
+    cap = est["worst_case_usd"] / 20
+    rep = run(replay_states(states, teachers, max_total_usd=cap, max_tokens=64, retry=FAST))
+    not_sent = [r for r in rep.results if r["error"] and r["error"].startswith("not sent: budget exhausted")]
+    assert not_sent and rep.spent_usd <= cap
+    assert srv.billed_usd <= rep.spent_usd + 1e-12
+    assert est["expected_usd"] < est["worst_case_usd"]
+
+    srv.script = lambda info: Reply(kind="http_error", status=402)
+    rep = run(replay_states(make_states(6, prefix="z"), teachers, max_total_usd=10.0, concurrency=1, retry=FAST))
+    assert "402" in rep.results[0]["error"]
+    assert all(r["error"].startswith("not sent: run halted") for r in rep.results[1:])
+
+
+def test_rerun_sends_only_missing_calls(fake_openrouter, tmp_path):
+    srv = fake_openrouter
+    teachers = make_teachers(srv)
+    states = make_states(4)
+    cache, ledger = tmp_path / "calls.jsonl", tmp_path / "ledger.jsonl"
+    srv.script = lambda info: Reply(kind="http_error", status=400) if info.key[0] == "t/c" else Reply()
+    rep1 = run(replay_states(states, teachers, max_total_usd=1.0, cache_path=cache, ledger_path=ledger, retry=FAST))
+    assert rep1.n_errors == 4 and srv.n_requests == 12
+    srv.script = None
+    rep2 = run(replay_states(states, teachers, max_total_usd=1.0, cache_path=cache, ledger_path=ledger, retry=FAST))
+    assert srv.n_requests == 16  # only the 4 failed calls again
+    assert rep2.n_cached == 8 and rep2.n_errors == 0
+    assert rep2.prior_usd == pytest.approx(rep1.spent_usd) and rep2.prior_usd + rep2.spent_usd == pytest.approx(
+        srv.billed_usd
+    )
+    assert rep2.results[:2] == rep1.results[:2]
+
+
+def test_stop_callback_raises_kill_switch(fake_openrouter, tmp_path):
+    srv = fake_openrouter
+    teachers = make_teachers(srv)
+    calls = {"n": 0}
+
+    def stop():
+        calls["n"] += 1
+        return "STOP file present" if calls["n"] > 3 else None
+
+    with pytest.raises(RuntimeError, match="STOP file") as ei:
+        run(replay_states(make_states(10), teachers, max_total_usd=1.0, concurrency=1, stop=stop,
+                          cache_path=tmp_path / "c.jsonl"))  # fmt: skip
+    assert getattr(ei.value, "exit_code", None) == 3
+    assert srv.n_requests == 3 and len(list(read_jsonl(tmp_path / "c.jsonl"))) == 3
+
+
+def test_api_key_lookup(monkeypatch, tmp_path):
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    openrouter = [{"slug": "openai/gpt-5", "input_per_mtok": 1.0, "output_per_mtok": 1.0}]
+    with pytest.raises(RuntimeError, match="OPENROUTER_API_KEY"):
+        run(replay_trace(make_states(1), openrouter))
+    from composer_replication.teacher_replay.keys import resolve_api_key
+
+    (tmp_path / ".env").write_text("# comment\nexport OPENROUTER_API_KEY='from-dotenv'\n")
+    assert resolve_api_key() == "from-dotenv"
+    monkeypatch.setenv("OPENROUTER_API_KEY", "from-env")
+    assert resolve_api_key() == "from-env" and resolve_api_key("explicit") == "explicit"
