@@ -24,7 +24,11 @@ rng = random.Random(1234)
 
 def _r(n: int, alphabet: str = string.ascii_letters + string.digits) -> str:
     # Always include a digit and a letter so that shape rules that need both are met.
-    return rng.choice(string.digits) + rng.choice(string.ascii_letters) + "".join(rng.choice(alphabet) for _ in range(n - 2))
+    return (
+        rng.choice(string.digits)
+        + rng.choice(string.ascii_letters)
+        + "".join(rng.choice(alphabet) for _ in range(n - 2))
+    )
 
 
 def _hex(n: int) -> str:
@@ -41,22 +45,46 @@ def planted() -> list[tuple[str, str, str]]:
         ("anthropic_key", "use {v}", "sk-ant-api03-" + _r(90)),
         ("anthropic_key", "ANTHROPIC_API_KEY={v}", "sk-ant-admin01-" + _r(60)),
         ("openrouter_key", "Authorization {v}", "sk-or-v1-" + _hex(64)),
-        ("aws_access_key", "aws_access_key_id = {v}", "AKIA" + _r(16, string.ascii_uppercase + string.digits).upper()),
+        (
+            "aws_access_key",
+            "aws_access_key_id = {v}",
+            "AKIA" + _r(16, string.ascii_uppercase + string.digits).upper(),
+        ),
         ("aws_access_key", "temp creds {v}", "ASIA" + _r(16, string.ascii_uppercase + string.digits).upper()),
-        ("aws_secret_key", "aws_secret_access_key = {v}", _r(40, string.ascii_letters + string.digits + "/+")),
+        (
+            "aws_secret_key",
+            "aws_secret_access_key = {v}",
+            _r(40, string.ascii_letters + string.digits + "/+"),
+        ),
         ("gcp_api_key", "?key={v}&q=1", "AIza" + _r(35, string.ascii_letters + string.digits + "_-")),
         ("gcp_private_key_id", '{{"type": "service_account", "private_key_id": "{v}"}}', _hex(40)),
-        ("private_key", '"private_key": "-----BEGIN PRIVATE KEY-----\\n{v}\\n-----END PRIVATE KEY-----\\n"', _r(64)),
+        (
+            "private_key",
+            '"private_key": "-----BEGIN PRIVATE KEY-----\\n{v}\\n-----END PRIVATE KEY-----\\n"',
+            _r(64),
+        ),
         ("private_key", "-----BEGIN RSA PRIVATE KEY-----\n{v}\n-----END RSA PRIVATE KEY-----", pem_body),
-        ("private_key", "-----BEGIN OPENSSH PRIVATE KEY-----\n{v}\n-----END OPENSSH PRIVATE KEY-----", _r(70)),
+        (
+            "private_key",
+            "-----BEGIN OPENSSH PRIVATE KEY-----\n{v}\n-----END OPENSSH PRIVATE KEY-----",
+            _r(70),
+        ),
         ("private_key", "-----BEGIN EC PRIVATE KEY-----\n{v}\n-----END EC PRIVATE KEY-----", _r(50)),
         ("github_token", "git clone https://x:{v}@github.com/o/r", "ghp_" + _r(36)),
         ("github_token", "GH={v}", "github_pat_" + _r(22) + "_" + _r(59)),
         ("github_token", "GITHUB_TOKEN={v}", "ghs_" + _r(36)),
         ("gitlab_token", "PRIVATE-TOKEN: {v}", "glpat-" + _r(20)),
-        ("slack_token", "token {v}", "xoxb-" + _r(12, string.digits) + "-" + _r(12, string.digits) + "-" + _r(24)),
+        (
+            "slack_token",
+            "token {v}",
+            "xoxb-" + _r(12, string.digits) + "-" + _r(12, string.digits) + "-" + _r(24),
+        ),
         ("slack_token", "user token {v}", "xoxp-" + _r(12, string.digits) + "-" + _r(24)),
-        ("slack_webhook", "curl -X POST {v}", "https://hooks.slack.com/services/T" + _r(8).upper() + "/B" + _r(8).upper() + "/" + _r(24)),
+        (
+            "slack_webhook",
+            "curl -X POST {v}",
+            "https://hooks.slack.com/services/T" + _r(8).upper() + "/B" + _r(8).upper() + "/" + _r(24),
+        ),
         ("stripe_key", "stripe.api_key = '{v}'", "sk_live_" + _r(24)),
         ("stripe_key", "restricted {v}", "rk_test_" + _r(24)),
         ("hf_token", "export HF_TOKEN={v}", "hf_" + _r(34)),
@@ -111,7 +139,15 @@ def test_planted_secrets_absent_from_cli_output(tmp_path: Path) -> None:
     assert len(secrets) >= 30
     _write_sessions(tmp_path / "in", secrets)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "composer_replication.cli.main", "ingest", str(tmp_path / "in"), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "composer_replication.cli.main",
+        "ingest",
+        str(tmp_path / "in"),
+        "--out",
+        str(out),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     blob = (out / "states.jsonl").read_text() + (out / "traces.jsonl").read_text()
@@ -136,7 +172,16 @@ def _strings(obj: object) -> list[str]:
 
 def test_no_redact_requires_confirmation(tmp_path: Path) -> None:
     _write_sessions(tmp_path / "in", planted()[:3])
-    cmd = [sys.executable, "-m", "composer_replication.cli.main", "ingest", str(tmp_path / "in"), "--out", str(tmp_path / "o"), "--no-redact"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "composer_replication.cli.main",
+        "ingest",
+        str(tmp_path / "in"),
+        "--out",
+        str(tmp_path / "o"),
+        "--no-redact",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
     assert proc.returncode == 1 and "--yes-i-know" in proc.stderr
     assert not (tmp_path / "o" / "states.jsonl").exists()
@@ -160,7 +205,9 @@ def _stdlib_files(limit: int | None) -> list[Path]:
     return files[:: len(files) // limit] if limit else files
 
 
-@pytest.mark.parametrize("limit", [pytest.param(25, id="sample"), pytest.param(None, id="all", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "limit", [pytest.param(25, id="sample"), pytest.param(None, id="all", marks=pytest.mark.slow)]
+)
 def test_false_positive_rate_on_stdlib(limit: int | None) -> None:
     r = Redactor()
     n_lines = 0
