@@ -1,0 +1,120 @@
+"""Send each state to several teacher models under a hard dollar cap.
+
+Reads STATES (states.jsonl: TraceState rows), writes OUT/teacher_calls.jsonl (one row per call,
+append-only; a rerun sends only what is missing), OUT/ledger.jsonl (the spend ledger) and
+OUT/replay_summary.json. --dry-run prices the run (worst case and expected) without sending anything.
+
+Teachers: --teachers SLUG[=IN:OUT] ... (USD per million tokens; default: the three OpenRouter
+defaults), or --config FILE (YAML/JSON: a list of TeacherSpec dicts, or {"teachers": [...]}).
+The API key comes from $OPENROUTER_API_KEY (or a teacher's api_key_env) or ./.env; never from a flag,
+so it stays out of shell history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from composer_replication._io import atomic_write_json, read_jsonl
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("states", type=Path, help="states.jsonl (TraceState rows)")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--teachers", nargs="+", metavar="SLUG[=IN:OUT]", help="teacher slugs, optionally with prices")
+    g.add_argument("--config", type=Path, help="YAML/JSON file with the teacher specs")
+    p.add_argument("--base-url", help="send every teacher to this OpenAI-compatible server (vLLM, Ollama, ...)")
+    p.add_argument("--max-usd", type=float, required=True, help="hard cap on recorded spend, in USD")
+    p.add_argument("--dry-run", action="store_true", help="price the run and exit without sending")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=1024, help="completion cap per call (bounds the worst case)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--stop-file", type=Path, help="stop cleanly (exit 3) once this file exists")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _parse_teacher(arg: str) -> dict[str, Any]:
+    from composer_replication.teacher_replay import DEFAULT_TEACHERS
+
+    slug, _, price = arg.partition("=")
+    if price:
+        try:
+            pin, pout = (float(x) for x in price.split(":"))
+        except ValueError:
+            raise ValueError(f"--teachers {arg!r}: prices must be IN:OUT in USD per million tokens, e.g. {slug}=1.25:10") from None
+        return {"slug": slug, "input_per_mtok": pin, "output_per_mtok": pout}
+    for t in DEFAULT_TEACHERS:
+        if t["slug"] == slug:
+            return dict(t)
+    raise ValueError(f"--teachers {slug!r}: unknown price; give it as {slug}=IN:OUT (USD per million tokens)")
+
+
+def load_teachers(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from composer_replication.teacher_replay import DEFAULT_TEACHERS
+
+    if args.config is not None:
+        import yaml
+
+        if not args.config.is_file():
+            raise FileNotFoundError(f"{args.config}: no such teacher config")
+        data = yaml.safe_load(args.config.read_text(encoding="utf-8"))
+        if isinstance(data, dict):
+            data = data.get("teachers")
+        if not isinstance(data, list) or not all(isinstance(t, dict) and "slug" in t for t in data):
+            raise ValueError(f"{args.config}: expected a list of teacher specs (dicts with slug, input_per_mtok, output_per_mtok)")
+        teachers = [dict(t) for t in data]
+    elif args.teachers:
+        teachers = [_parse_teacher(a) for a in args.teachers]
+    else:
+        teachers = [dict(t) for t in DEFAULT_TEACHERS]
+    if args.base_url:
+        for t in teachers:
+            t["base_url"] = args.base_url
+    return teachers
+
+
+def run(args: argparse.Namespace) -> int:
+    from composer_replication.teacher_replay.client import price_run, replay_states
+
+    states = list(read_jsonl(args.states))
+    teachers = load_teachers(args)
+    cache = args.out / "teacher_calls.jsonl"
+    ledger = args.out / "ledger.jsonl"
+    price = price_run(states, teachers, max_tokens=args.max_tokens, cache_path=cache)
+    print(
+        f"{len(states)} states x {len(teachers)} teachers = {price['calls_total']} calls "
+        f"({price['calls_cached']} cached, {price['calls_to_send']} to send); "
+        f"expected ${price['expected_usd']:.4f}, worst case ${price['worst_case_usd']:.4f}, cap ${args.max_usd:.4f}",
+        file=sys.stderr,
+    )
+    if args.dry_run:
+        print(json.dumps(price, indent=2))
+        return 0
+    stop = None
+    if args.stop_file is not None:
+        stop_file = args.stop_file
+
+        def stop() -> str | None:
+            return f"stop file {stop_file} exists" if os.path.exists(stop_file) else None
+
+    rep = asyncio.run(
+        replay_states(
+            states, teachers, max_total_usd=args.max_usd, cache_path=cache, ledger_path=ledger,
+            concurrency=args.concurrency, max_tokens=args.max_tokens, timeout_s=args.timeout, stop=stop,
+            progress=not args.no_progress,
+        )
+    )  # fmt: skip
+    summary = {
+        "calls": len(rep.results), "cached": rep.n_cached, "sent": rep.n_sent, "errors": rep.n_errors,
+        "errors_by_kind": rep.errors_by_kind, "spent_usd_this_run": rep.spent_usd,
+        "spent_usd_total": rep.prior_usd + rep.spent_usd, "max_usd": args.max_usd,
+    }  # fmt: skip
+    atomic_write_json(args.out / "replay_summary.json", summary)
+    print(json.dumps(summary, indent=2))
+    return 0
