@@ -54,12 +54,16 @@ def list_checkpoints(root: str | Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name)) and p.is_dir()]
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _NAME.match(p.name)) and (p / "state.pt").is_file()
+    ]
     return [p for _, p in sorted(found)]
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
-    ckpts = [p for p in list_checkpoints(root) if (p / "state.pt").is_file()]
+    ckpts = list_checkpoints(root)
     return ckpts[-1] if ckpts else None
 
 

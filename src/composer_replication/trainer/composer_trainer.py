@@ -38,7 +38,7 @@ except ImportError:  # the module imports without TRL; instantiation then fails 
 logger = logging.getLogger(__name__)
 
 _GLOBAL_NORM = ("dapo", "cispo", "vespo")
-HINT_PREFIX = "Hint: "
+HINT_PREFIX = "[HINT] "  # the collator's marker, so offline and online teachers see the same form
 
 
 def _classify_tool_error(text: str) -> str:
@@ -53,9 +53,9 @@ def _classify_tool_error(text: str) -> str:
 
 
 def _hint_for(error_kind: str, meta: dict | None) -> str | None:
-    from composer_replication.hint_generator import dispatch
+    from composer_replication.hint_generator import hint_for_error
 
-    return dispatch(error_kind, dict(meta or {}, error_kind=error_kind))
+    return hint_for_error(error_kind, meta)
 
 
 class ComposerReplicationTrainer(GRPOTrainer):
@@ -136,10 +136,15 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     # ---------------------------------------------------------------- carrying extra columns
     def _prompt_with_hint(self, prompt: Any, hint: str) -> Any:
+        """The prompt with the hint appended to its last user message (as the collator does offline)."""
         if isinstance(prompt, str):
             return f"{prompt}\n\n{HINT_PREFIX}{hint}"
         msgs = [dict(m) for m in prompt]
-        msgs.append({"role": "user", "content": f"{HINT_PREFIX}{hint}"})
+        last = max((i for i, m in enumerate(msgs) if m.get("role") in ("user", "tool")), default=None)
+        if last is None or not isinstance(msgs[last].get("content"), str):
+            msgs.append({"role": "user", "content": f"{HINT_PREFIX}{hint}"})
+        else:
+            msgs[last]["content"] = f"{msgs[last]['content']}\n\n{HINT_PREFIX}{hint}"
         return msgs
 
     def _row_hints(self, inputs: list[dict]) -> list[str | None]:

@@ -177,7 +177,24 @@ def train_offline(
     stop: Callable[[], str | None] | None = None,
     device: str | None = None,
 ) -> dict[str, float]:
-    """Train on ``config.data`` (traces and/or pairs) and return the final metrics (see module docstring)."""
+    """Train on ``config.data`` (traces and/or pairs) and return the final metrics (see module docstring).
+
+    ``stop()`` / ``kill_switch.should_stop()`` are polled before every optimizer step; on a reason the
+    run checkpoints and raises ``KillSwitchTriggered(reason)`` (exit code 3 from the CLI).
+    """
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    try:
+        return _train(
+            config, out_dir=out_dir, resume=resume, kill_switch=kill_switch, stop=stop, device=device
+        )
+    finally:  # determinism is process-global in torch: leave it as we found it
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, float]:
     from composer_replication._io import JsonlAppender, atomic_write_json
     from composer_replication.loss import compose_loss
 
@@ -197,7 +214,10 @@ def train_offline(
 
     traces = od.load_rows(cfg.data.traces)
     pairs = od.load_rows(cfg.data.pairs)
-    train_traces, eval_traces = od.split(traces, lambda r: str(r.get("trace_id")), cfg.data.eval_fraction)
+    # held out by episode (example_id): the bundled sessions are few but have many episodes each
+    train_traces, eval_traces = od.split(
+        traces, lambda r: str(r.get("example_id") or r.get("trace_id")), cfg.data.eval_fraction
+    )
     pid = lambda r: pair_tokens.pair_fields(r)[0]  # noqa: E731
     train_pairs, eval_pairs = od.split(pairs, pid, cfg.data.eval_fraction)
     use_pairs = bool(train_pairs) and cfg.loss.preference.weight > 0

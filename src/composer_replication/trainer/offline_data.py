@@ -10,6 +10,7 @@ sees exactly the batches the uninterrupted run would have seen.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ def split(rows: list[dict], key_fn, fraction: float) -> tuple[list[dict], list[d
 
 
 def make_collator(tokenizer: Any, max_seq_len: int, max_dpo_seq_len: int, enable_sdpo: bool):
-    from composer_replication.hint_generator import dispatch
+    from composer_replication.hint_generator import hint_for_error
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -82,12 +83,69 @@ def make_collator(tokenizer: Any, max_seq_len: int, max_dpo_seq_len: int, enable
         max_dpo_seq_len=max_dpo_seq_len,
         pad_token_id=pad,
         enable_sdpo=enable_sdpo,
-        hint_generator=lambda kind, meta: dispatch(kind, dict(meta or {})),
+        hint_generator=hint_for_error,
         enable_replay_dpo=False,  # pairs come from pairs.jsonl through their own stream
     )
     return ComposerDataCollator(tokenizer=tokenizer, config=cfg)
 
 
 def trace_batch(collator, rows: list[dict]) -> dict[str, torch.Tensor]:
-    batch = collator([{**r, "dpo_pairs": None} for r in rows])
-    return {k: v for k, v in batch.items() if torch.is_tensor(v)}
+    batch = {
+        k: v for k, v in collator([{**r, "dpo_pairs": None} for r in rows]).items() if torch.is_tensor(v)
+    }
+    if "sdpo_loss_mask" in batch:
+        # A recovery turn longer than max_seq_len is kept whole by the collator, so its teacher row starts
+        # at the response: position 0 has no predicting logits. Such a row gets no SDPO term.
+        bad = batch["sdpo_loss_mask"][:, 0].bool()
+        if "sdpo_student_mask" in batch:
+            bad |= batch["sdpo_student_mask"][:, 0].bool()
+        if bool(bad.all()):
+            for key in ("ctx_teacher_input_ids", "sdpo_loss_mask", "sdpo_student_mask"):
+                batch.pop(key, None)
+        elif bool(bad.any()):
+            for key in ("sdpo_loss_mask", "sdpo_student_mask"):
+                if key in batch:
+                    batch[key] = batch[key].masked_fill(bad[:, None], 0)
+    return batch
+
+
+def recovery_pairs(traces: list[dict], *, limit_chars: int = 2000) -> list[dict]:
+    """``DPOPair`` rows mined from the student's own recoveries, without teachers.
+
+    At each tool error followed by an assistant turn, the action that failed is ``rejected`` and the
+    recovery action is ``chosen``; ``state_messages`` is the history before the failed action. Useful
+    to exercise the preference channel (tests, benchmarks, a run before any teacher replay); teacher
+    consensus pairs from ``pairs`` are the real signal.
+    """
+    from composer_replication.trainer.data_collator import turns_to_messages
+
+    pairs: list[dict] = []
+    seen: set[tuple] = set()
+    for trace in traces:
+        turns = trace.get("turns") or []
+        for i, turn in enumerate(turns):
+            if turn.get("role") != "tool" or turn.get("tool_error") is None:
+                continue
+            before = next((k for k in range(i - 1, -1, -1) if turns[k].get("role") == "assistant"), None)
+            after = next((k for k in range(i + 1, len(turns)) if turns[k].get("role") == "assistant"), None)
+            if before is None or after is None:
+                continue
+            rejected = str(turns[before].get("content") or "")[:limit_chars]
+            chosen = str(turns[after].get("content") or "")[:limit_chars]
+            if not chosen.strip() or chosen == rejected:
+                continue
+            messages, _ = turns_to_messages(turns[:before])
+            key = (json.dumps(messages[-2:], sort_keys=True), chosen, rejected)
+            if key in seen:  # overlapping trace windows repeat the same site
+                continue
+            seen.add(key)
+            pairs.append(
+                {
+                    "state_id": f"{trace.get('trace_id')}::{before}",
+                    "state_messages": messages,
+                    "chosen": chosen,
+                    "rejected": rejected,
+                    "n_teachers_agreeing": 0,
+                }
+            )
+    return pairs

@@ -10,6 +10,7 @@ recent context is kept), so the response itself is never truncated unless it alo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 import torch
@@ -31,7 +32,9 @@ def pair_fields(pair: Any) -> tuple[str, list[dict], str, str]:
             f"pair {row.get('state_id')!r} has neither chosen/rejected (DPOPair) nor "
             "chosen_messages/rejected_messages (NormalizedDPOPair)"
         )
-    pair_id = str(row.get("pair_id") or row.get("state_id") or f"{chosen}\x00{rejected}")
+    # state_id alone is not unique (several pairs per state are possible): key by content too.
+    digest = hashlib.sha1(f"{chosen}\x00{rejected}".encode()).hexdigest()[:12]
+    pair_id = str(row.get("pair_id") or f"{row.get('state_id')}#{digest}")
     return pair_id, messages, str(chosen), str(rejected)
 
 

@@ -1,0 +1,52 @@
+"""Slow: offline three-channel training of SmolLM2-135M-Instruct on the bundled real sessions.
+
+Run (numbers recorded in docs/training.md):
+    flock /tmp/bigmem.lock python3 -m pytest tests/trainer/test_offline_smollm2.py -m slow -s
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+def test_smollm2_offline_loss_falls_preferences_and_jsd_improve(ingested, tmp_path):
+    from composer_replication.trainer.offline import train_offline
+
+    torch.set_num_threads(2)
+    cfg = {
+        "mode": "offline",
+        "seed": 0,
+        "model": {"path": "default"},
+        "data": {
+            "traces": str(ingested / "traces.jsonl"),
+            "pairs": str(ingested / "pairs.jsonl"),
+            "max_seq_len": 512,
+            "max_dpo_seq_len": 384,
+            "eval_fraction": 0.25,
+        },
+        "loss": {"sdpo": {"weight": 1.0}, "preference": {"weight": 1.0, "dpo_beta": 0.1}},
+        "optimizer": {"lr": 2e-5},
+        "schedule": {"max_steps": 30, "batch_size": 1, "grad_accum": 2, "warmup_steps": 2},
+        "checkpoint": {"every_steps": 0, "keep_last": 1},
+        "logging": {"progress": True},
+    }
+    final = train_offline(cfg, out_dir=tmp_path)
+    initial = json.loads((tmp_path / "initial_metrics.json").read_text())
+    log = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first = sum(r["loss/total"] for r in log[:5]) / 5
+    last = sum(r["loss/total"] for r in log[-5:]) / 5
+    print(
+        json.dumps(
+            {"initial": initial, "final": final, "train_total_first5": first, "train_total_last5": last}
+        )
+    )
+    assert last < first
+    assert final["eval/pref_accuracy"] > initial["eval/pref_accuracy"]
+    assert final["eval/pref_margin"] > initial["eval/pref_margin"]
+    assert final["eval/sdpo_jsd"] < initial["eval/sdpo_jsd"]
+    assert final["eval/lm_ce"] < initial["eval/lm_ce"]
