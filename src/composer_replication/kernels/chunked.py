@@ -204,7 +204,8 @@ class _ChunkedRows(torch.autograd.Function):
         if ctx.scalar:
             res = []
             for g, dt in zip(ctx.grads, ctx.dtypes):
-                res.append(None if g is None else (g * grad_out).to(dt))
+                # In place: a second (B, T, V) gradient copy would double the backward's peak.
+                res.append(None if g is None else g.mul_(grad_out).to(dt))
             ctx.grads = None
             return (*head, *res)
         valid_idx, *tensors = ctx.saved_tensors

@@ -129,7 +129,7 @@ class _FusedRows(torch.autograd.Function):
         row_fn, chunk, caps, n_streams, n_extra = ctx.meta
         head = (None,) * 7
         if ctx.scalar:
-            res = [None if g is None else (g * grad_out).to(dt) for g, dt in zip(ctx.grads, ctx.dtypes)]
+            res = [None if g is None else g.mul_(grad_out).to(dt) for g, dt in zip(ctx.grads, ctx.dtypes)]
             ctx.grads = None
             return (*head, *res, *(None,) * n_extra)
         valid_idx, *tensors = ctx.saved_tensors
