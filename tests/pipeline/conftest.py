@@ -69,11 +69,12 @@ def teacher_server():
 
 
 def reduced_config(tmp_path: Path, server_url: str, **over) -> Path:
-    """A run config over two small real sessions with the tiny model, loopback teachers, few steps."""
+    """A run config over three small real sessions with the tiny model, loopback teachers, few steps."""
     src = tmp_path / "sessions"
     src.mkdir(exist_ok=True)
     for f in ("claude_code/marot__spotter__short.jsonl",
-              "claude_code/d-kimuson__claude-code-viewer__5c0375b4-57a5-4f26-b12d-d022ee4e51b7.jsonl"):  # fmt: skip
+              "claude_code/d-kimuson__claude-code-viewer__5c0375b4-57a5-4f26-b12d-d022ee4e51b7.jsonl",
+              "claude_code/iansherr__claude-code-log__326189cf-5676-4237-8cde-1ce80aae4a9f.jsonl"):  # fmt: skip
         shutil.copy(SESSIONS / f, src / Path(f).name)
     teachers = [
         {
@@ -87,7 +88,7 @@ def reduced_config(tmp_path: Path, server_url: str, **over) -> Path:
     ]
     cfg = {
         "student": {"name": "tiny"},
-        "sources": {"paths": ["sessions"], "heldout_traces": ["marot__spotter__short"]},
+        "sources": {"paths": ["sessions"], "heldout_traces": ["iansherr__claude-code-log__326189cf-5676-4237-8cde-1ce80aae4a9f"]},
         "replay": {"teachers": teachers, "max_total_usd": 1.0, "max_tokens": 32, "history_messages": 4, "concurrency": 1},
         "normalize": {"skip_dj": True},
         "train": {"data": {"max_seq_len": 128, "max_dpo_seq_len": 96}, "schedule": {"max_steps": 2, "batch_size": 1},

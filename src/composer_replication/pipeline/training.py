@@ -1,0 +1,140 @@
+"""Model resolution and the two training phases as pipeline stages (offline, then GRPO on sandbox tasks)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from composer_replication.pipeline.config import ModelSpec
+from composer_replication.pipeline.runner import RunContext
+
+# ----------------------------------------------------------------------------- models
+
+
+def resolve_model(name: str, seed: int, models_dir: Path) -> Path:
+    """A local model directory for ``default`` / ``tiny`` / a path / a cached HF id."""
+    if name == "default":
+        from composer_replication.models import resolve_default_model
+
+        return resolve_default_model()
+    if name == "tiny":
+        target = models_dir / f"tiny-seed{seed}"
+        if not (target / "config.json").exists():
+            from composer_replication.models import build_tiny_model, build_tiny_tokenizer, save_tiny_pair
+
+            tok = build_tiny_tokenizer(2048)
+            save_tiny_pair(target, build_tiny_model(tokenizer=tok, seed=seed), tok)
+        return target
+    p = Path(name).expanduser()
+    if p.exists():
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:
+        raise FileNotFoundError(
+            f"model {name!r}: not a local directory and not in the Hugging Face cache (nothing is downloaded at run time)"
+        ) from None
+
+
+def student_dir(ctx: RunContext) -> Path:
+    spec: ModelSpec = ctx.config.student
+    return resolve_model(spec.name, spec.seed, ctx.path("models"))
+
+
+def final_model_dir(ctx: RunContext) -> Path:
+    """The model after training: the GRPO phase's if it ran, else the offline phase's."""
+    if ctx.config.grpo.enabled:
+        return ctx.path("train", "grpo", "final")
+    return ctx.path("train", "offline", "final")
+
+
+# ----------------------------------------------------------------------------- train
+
+
+def train_config(ctx: RunContext, mode: str) -> Any:
+    """The trainer's ``TrainConfig`` for one phase: the ``train`` section plus the pipeline's paths."""
+    from composer_replication.config import build_config
+
+    data = ctx.config.train.model_dump(mode="json")
+    pairs = ctx.path("normalize", "pairs.jsonl")
+    traces = ctx.path("split", "train_traces.jsonl")
+    data["data"]["traces"] = str(traces) if _nonempty(traces) else None
+    data["data"]["pairs"] = str(pairs) if _nonempty(pairs) else None
+    if mode == "offline":
+        model = str(student_dir(ctx))
+    else:
+        model = str(ctx.path("train", "offline", "final"))
+        data["schedule"]["max_steps"] = ctx.config.grpo.max_steps
+        if ctx.config.grpo.lr is not None:
+            data["optimizer"]["lr"] = ctx.config.grpo.lr
+    data["mode"] = mode
+    data["model"] = {**data.get("model", {}), "path": model}
+    return build_config(data, source=f"run config (train, {mode} phase)")
+
+
+def train_offline_stage(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.trainer.offline import train_offline
+
+    out = ctx.path("train", "offline")
+    if not ctx.resume and out.exists():
+        shutil.rmtree(out)  # inputs or config changed: the old checkpoints belong to another run
+    cfg = train_config(ctx, "offline")
+    final = train_offline(cfg, out_dir=out, resume=True, kill_switch=ctx.kill_switch, stop=ctx.stop)
+    export_final(cfg, out / "checkpoints", out / "final")
+    return {
+        k: round(v, 5) if isinstance(v, float) else v for k, v in final.items() if isinstance(v, (int, float))
+    }
+
+
+def export_final(cfg: Any, ckpt_root: Path, target: Path) -> None:
+    """The newest checkpoint as a ``save_pretrained`` model directory (what evaluation and GRPO load)."""
+    import torch
+
+    from composer_replication.trainer import checkpoint as ckpt
+    from composer_replication.trainer.offline import load_model
+
+    latest = ckpt.latest_checkpoint(ckpt_root)
+    if latest is None:
+        raise RuntimeError(f"{ckpt_root}: training finished without a checkpoint")
+    model, tok = load_model(cfg, torch.device("cpu"))
+    ckpt.restore_model(model, ckpt.load_checkpoint(latest)["model"])
+    if hasattr(model, "merge_and_unload"):  # LoRA: ship merged weights so any loader can read them
+        model = model.merge_and_unload()
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+
+
+def _nonempty(p: Path) -> bool:
+    return p.exists() and p.stat().st_size > 0
+
+
+def sandbox_pass_rate(ctx: RunContext, model_dir: Path) -> dict[str, Any]:
+    """Greedy agent rollouts on the bundled tasks, checked by their tests in the sandbox."""
+    from composer_replication.pipeline.evaluate import model_fingerprint
+    from composer_replication.pipeline.grpo_phase import sandbox_pass_rate as rate
+
+    ec = ctx.config.evaluate
+    out = ctx.path("eval", "rollouts", model_fingerprint(model_dir))
+    return rate(model_dir, out, tasks=ctx.config.grpo.tasks, max_turns=ec.sandbox_max_turns,
+                max_new_tokens=ec.sandbox_max_new_tokens, stop=ctx.stop)  # fmt: skip
+
+
+def train_grpo_stage(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.pipeline.grpo_phase import train_grpo_on_tasks
+
+    out = ctx.path("train", "grpo")
+    if not ctx.resume and out.exists():
+        shutil.rmtree(out)
+    cfg = train_config(ctx, "grpo")
+    summary = train_grpo_on_tasks(
+        cfg, out_dir=out, tasks=ctx.config.grpo.tasks, resume=True, kill_switch=ctx.kill_switch
+    )
+    return {k: v for k, v in summary.items() if v is not None}
