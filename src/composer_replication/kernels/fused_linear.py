@@ -20,16 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from composer_replication.kernels.chunked import (
-    ce_rows,
-    eopd_plan,
-    eopd_rows,
-    gjsd_plan,
-    gjsd_row_fn,
-    logprob_rows,
-    taid_plan,
-    taid_rows,
-)
+from composer_replication.kernels.chunked import eopd_plan, gjsd_plan, gjsd_row_fn, taid_plan
+from composer_replication.kernels.rows import ce_rows, eopd_rows, logprob_rows, taid_rows
 
 __all__ = [
     "LMHead",
@@ -129,6 +121,10 @@ class _FusedRows(torch.autograd.Function):
         row_fn, chunk, caps, n_streams, n_extra = ctx.meta
         head = (None,) * 7
         if ctx.scalar:
+            if ctx.grads is None:
+                raise RuntimeError(
+                    "a fused loss can be backpropagated once (its gradient is consumed in place)"
+                )
             res = [None if g is None else g.mul_(grad_out).to(dt) for g, dt in zip(ctx.grads, ctx.dtypes)]
             ctx.grads = None
             return (*head, *res, *(None,) * n_extra)
