@@ -2,7 +2,8 @@
 SageMaker and EKS behind one protocol, and an all-reduce through an object store for replicas that
 cannot reach each other.
 
-Light to import: the executors' SDKs (and torchft) load only when a backend is used.
+The executors' SDKs load only when their backend is used. (Python imports the parent package
+``composer_replication.diloco`` first, which imports torchft when it is installed.)
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -85,10 +86,15 @@ def fixed_order_mean(
     out: dict[str, torch.Tensor] = {}
     for name in sorted(first):
         acc = torch.zeros(first[name].shape, dtype=torch.float64)
-        for r in ranks:
-            acc.add_(contributions[r][name].to(torch.float64), alpha=w[r])
-        out[name] = (acc / total).to(first[name].dtype)
+        for r in ranks:  # in-place mixed-dtype add: computed in float64, no float64 copy of the input
+            acc.add_(contributions[r][name], alpha=w[r])
+        out[name] = acc.div_(total).to(first[name].dtype)
     return out
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """No NaN or inf in ``t``: one float64 sum (NaN/inf propagate; finite fp32 values cannot overflow it)."""
+    return not t.is_floating_point() or math.isfinite(float(t.sum(dtype=torch.float64)))
 
 
 def _validate(
@@ -112,7 +118,7 @@ def _validate(
         ref = like[name]
         if t.shape != ref.shape or t.dtype != ref.dtype:
             return None, f"{name}: {tuple(t.shape)}/{t.dtype}, expected {tuple(ref.shape)}/{ref.dtype}"
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if not _finite(t):
             return None, f"{name}: non-finite values"
     return tensors, ""
 
@@ -161,7 +167,7 @@ def object_store_allreduce(
     if upload:
         data = _serialize(like)
         meta = {"sha256": _sha256(data), "rank": str(rank), "weight": repr(float(weight))}
-        finite = all(bool(torch.isfinite(t).all()) for t in like.values() if t.is_floating_point())
+        finite = all(_finite(t) for t in like.values())
         created = store.put_if_absent(f"{prefix}/delta/{rank:05d}.safetensors", data, metadata=meta)
         if created and finite:
             # our own upload: no need to download it again (a retry re-reads whatever won, below)

@@ -1,0 +1,166 @@
+"""DiLoCo communication benchmark.
+
+1. Bytes each replica sends per inner step: DDP (ring all-reduce of the gradient every step) against
+   DiLoCo every H steps, over torchft (ring all-reduce of the pseudo-gradient) and over the object
+   store (one upload per round; the bytes are the real serialised object). Expected ratio: 1/H.
+2. Time of one object-store all-reduce of a 135M-parameter fp32 pseudo-gradient (SmolLM2-135M
+   shapes) among 4 replicas, against the raw put + get of the same bytes on the same store (one
+   put of this replica's object, a get of each of the 3 others' objects): the protocol's overhead
+   (sha256, validation, manifest, float64 fixed-order mean). Measured as the replica that arrives
+   last (the other 3 have uploaded), which is the all-reduce's critical path.
+
+Run (uses ~8 GB; take the shared lock):
+    flock /tmp/bigmem.lock python3 benchmarks/bench_diloco.py [--params 135e6] [--stores local,moto,seaweedfs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from composer_replication.diloco.serverless.allreduce import _serialize, _sha256, object_store_allreduce, round_prefix
+from composer_replication.diloco.serverless.store import LocalDirStore, S3Store
+
+
+def smollm2_shapes(target: float) -> dict[str, tuple[int, ...]]:
+    """SmolLM2-135M parameter shapes (tied embeddings), layers trimmed/extended to ~target parameters."""
+    shapes: dict[str, tuple[int, ...]] = {"embed": (49152, 576), "norm": (576,)}
+    layer = {
+        "q": (576, 576), "k": (192, 576), "v": (192, 576), "o": (576, 576),
+        "gate": (1536, 576), "up": (1536, 576), "down": (576, 1536), "ln1": (576,), "ln2": (576,),
+    }  # fmt: skip
+    per_layer = sum(torch.Size(s).numel() for s in layer.values())
+    n_layers = max(1, round((target - 49152 * 576) / per_layer))
+    for i in range(n_layers):
+        shapes.update({f"layers.{i}.{k}": s for k, s in layer.items()})
+    return shapes
+
+
+def contribution(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(s, generator=g) * 1e-3 for k, s in shapes.items()}
+
+
+def bytes_table(shapes: dict[str, tuple[int, ...]], k: int) -> str:
+    n = sum(torch.Size(s).numel() for s in shapes.values())
+    blob = len(_serialize({name: torch.zeros(s) for name, s in list(shapes.items())[:3]}))  # header overhead
+    payload = 4 * n
+    ring = 2 * (k - 1) / k * payload  # bytes each replica sends in a ring all-reduce
+    rows = ["| H | DDP bytes/step | DiLoCo torchft bytes/step | DiLoCo object-store upload bytes/step | ratio to DDP |",
+            "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for h in (1, 10, 100, 500):
+        store_bytes = (payload + blob) / h  # one create-only PUT of the serialised pseudo-gradient per round
+        rows.append(f"| {h} | {ring / 1e6:,.1f} MB | {ring / h / 1e6:,.2f} MB | {store_bytes / 1e6:,.2f} MB | {1 / h:.4f} |")
+    return "\n".join(rows) + f"\n\n({n / 1e6:.1f}M fp32 parameters, {k} replicas; object-store replicas also download k-1 objects per round.)"
+
+
+def time_store(name: str, store, shapes, k: int, repeats: int) -> tuple[float, float]:
+    """(all-reduce seconds, raw put+get seconds), medians over ``repeats`` rounds."""
+    others = {r: _serialize(contribution(shapes, r)) for r in range(1, k)}
+    mine = contribution(shapes, 0)
+    mine_bytes = _serialize(mine)
+    ar, raw = [], []
+    for rep in range(repeats):
+        run = f"bench-{rep}-{time.time_ns()}"
+        for r, data in others.items():  # the other replicas have already uploaded
+            store.put_if_absent(f"{round_prefix(run, 0)}/delta/{r:05d}.safetensors", data,
+                                metadata={"sha256": _sha256(data), "rank": str(r), "weight": "1.0"})  # fmt: skip
+        t = time.perf_counter()
+        res = object_store_allreduce(store, mine, run_id=run, round_index=0, rank=0, world_size=k, deadline_s=60)
+        ar.append(time.perf_counter() - t)
+        assert res.participants == list(range(k))
+        del res
+        t = time.perf_counter()
+        store.put(f"raw-{run}/mine", mine_bytes)
+        for r in range(1, k):
+            store.get(f"{round_prefix(run, 0)}/delta/{r:05d}.safetensors")
+        raw.append(time.perf_counter() - t)
+        print(f"  {name} rep {rep}: all-reduce {ar[-1]:.2f}s, raw put+get {raw[-1]:.2f}s", file=sys.stderr)
+    return sorted(ar)[len(ar) // 2], sorted(raw)[len(raw) // 2]
+
+
+def start_seaweedfs(data_dir: str):
+    weed = shutil.which("weed")
+    if weed is None:
+        return None, None
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testkey", "AWS_SECRET_ACCESS_KEY": "testsecret"}
+    proc = subprocess.Popen([weed, "mini", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    import boto3
+
+    client = boto3.client("s3", endpoint_url="http://127.0.0.1:8333", region_name="us-east-1",
+                          aws_access_key_id="testkey", aws_secret_access_key="testsecret")  # fmt: skip
+    end = time.time() + 60
+    while time.time() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", 8333), timeout=0.5):
+                client.list_buckets()
+                client.create_bucket(Bucket="bench")
+                return proc, S3Store("bench", client=client)
+        except Exception:
+            time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGKILL)
+    return None, None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--params", type=float, default=135e6)
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--stores", default="local,moto,seaweedfs")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    shapes = smollm2_shapes(args.params)
+    n = sum(torch.Size(s).numel() for s in shapes.values())
+    print("## Bytes sent per inner step\n")
+    print(bytes_table(shapes, args.replicas))
+    print(f"\n## Object-store all-reduce, {n / 1e6:.1f}M fp32 parameters ({4 * n / 1e6:.0f} MB), {args.replicas} replicas\n")
+    print("| store | all-reduce (s) | raw put + 3 gets (s) | ratio |\n|---|---:|---:|---:|")
+    tmp = tempfile.mkdtemp(prefix="bench-diloco-")
+    try:
+        for name in args.stores.split(","):
+            cleanup = None
+            if name == "local":
+                store = LocalDirStore(os.path.join(tmp, "local"))
+            elif name == "moto":
+                from moto.server import ThreadedMotoServer
+
+                os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+                os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+                server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+                server.start()
+                host, port = server.get_host_and_port()
+                store = S3Store("bench", endpoint_url=f"http://{host}:{port}", region="us-east-1", create_bucket=True)
+                cleanup = server.stop
+            elif name == "seaweedfs":
+                proc, store = start_seaweedfs(os.path.join(tmp, "weed"))
+                if store is None:
+                    print("| seaweedfs | not available | | |")
+                    continue
+                cleanup = lambda proc=proc: (os.killpg(proc.pid, signal.SIGKILL), proc.wait())  # noqa: E731
+            else:
+                raise SystemExit(f"unknown store {name!r}")
+            try:
+                ar, raw = time_store(name, store, shapes, args.replicas, args.repeats)
+                print(f"| {name} | {ar:.2f} | {raw:.2f} | {ar / raw:.2f}x |", flush=True)
+            finally:
+                if cleanup:
+                    cleanup()
+                shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
