@@ -242,8 +242,10 @@ def sdpo_channel(
     metrics = {"sdpo/tokens": float(n), "sdpo/loss": float(loss.detach())}
     with torch.no_grad():
         if n:
-            t_lp = torch.log_softmax(t.float(), -1)
-            metrics["sdpo/teacher_entropy"] = float(-(t_lp.exp() * t_lp).sum(-1).mean())
+            # entr() is -p log p with 0 at p = 0, so banned (-inf) teacher logits do not give nan
+            metrics["sdpo/teacher_entropy"] = float(
+                torch.special.entr(torch.softmax(t.float(), -1)).sum(-1).mean()
+            )
             agree = s.argmax(-1) == t.argmax(-1)
             metrics["sdpo/top1_agreement"] = float(agree.float().mean())
     if wrapper == "taid":
