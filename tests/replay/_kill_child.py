@@ -11,7 +11,9 @@ states = [
     {"state_id": f"k{i}", "messages": [{"role": "user", "content": f"kill task {i}"}], "student_action": "x"}
     for i in range(n_states)
 ]
-teachers = [{"slug": f"k/{t}", "input_per_mtok": 2.0, "output_per_mtok": 8.0, "base_url": base_url} for t in "ab"]
+teachers = [
+    {"slug": f"k/{t}", "input_per_mtok": 2.0, "output_per_mtok": 8.0, "base_url": base_url} for t in "ab"
+]
 rep = asyncio.run(
     replay_states(states, teachers, max_total_usd=1.0, cache_path=cache, concurrency=4, api_key="sk-kill-SECRET",
                   retry=RetryPolicy(backoff_base_s=0.001))

@@ -16,7 +16,7 @@ def fake_openrouter():
     srv.stop()
 
 
-def make_states(n: int, *, prefix: str = "s", student: str = "[TOOL_USE] name=Bash input={\"command\": \"ls\"}"):
+def make_states(n: int, *, prefix: str = "s", student: str = '[TOOL_USE] name=Bash input={"command": "ls"}'):
     return [
         {
             "state_id": f"{prefix}{i}",
@@ -35,5 +35,6 @@ def make_teachers(srv: FakeOpenRouter, slugs=("t/a", "t/b", "t/c"), price=(1.0, 
     for s in slugs:
         srv.prices[s] = price
     return [
-        {"slug": s, "input_per_mtok": price[0], "output_per_mtok": price[1], "base_url": srv.base_url} for s in slugs
+        {"slug": s, "input_per_mtok": price[0], "output_per_mtok": price[1], "base_url": srv.base_url}
+        for s in slugs
     ]

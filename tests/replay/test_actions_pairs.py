@@ -52,7 +52,10 @@ def test_pair_when_teachers_agree_modulo_key_order():
 def test_no_pair_when_student_agrees_or_tie_or_malformed():
     agree = [_res("s0", "a", READ_AB), _res("s0", "b", READ_BA)]
     assert extract_dpo_pairs([_state(student=READ_BA)], agree) == []
-    tie = agree + [_res("s0", "c", STUDENT.replace("ls", "pwd")), _res("s0", "d", STUDENT.replace("ls", "pwd"))]
+    tie = agree + [
+        _res("s0", "c", STUDENT.replace("ls", "pwd")),
+        _res("s0", "d", STUDENT.replace("ls", "pwd")),
+    ]
     assert extract_dpo_pairs([_state()], tie) == []
     malformed = [_res("s0", "a", '[TOOL_USE] name=Read input={"a": 1'), _res("s0", "b", READ_AB)]
     assert extract_dpo_pairs([_state()], malformed) == []  # only one well-formed vote

@@ -34,9 +34,7 @@ def server():
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    prices=st.lists(
-        st.tuples(st.floats(0.0, 200.0), st.floats(0.0, 800.0)), min_size=1, max_size=3
-    ),
+    prices=st.lists(st.tuples(st.floats(0.0, 200.0), st.floats(0.0, 800.0)), min_size=1, max_size=3),
     cap=st.floats(0.0, 0.5),
     fault_rate=st.floats(0.0, 0.6),
     seed=st.integers(0, 2**16),
@@ -48,7 +46,9 @@ def test_spend_never_exceeds_cap(server, tmp_path_factory, prices, cap, fault_ra
     teachers = []
     for slug, (pin, pout) in zip(slugs, prices):
         server.prices[slug] = (pin, pout)
-        teachers.append({"slug": slug, "input_per_mtok": pin, "output_per_mtok": pout, "base_url": server.base_url})
+        teachers.append(
+            {"slug": slug, "input_per_mtok": pin, "output_per_mtok": pout, "base_url": server.base_url}
+        )
     billed_before = server.billed_usd
 
     def script(info):

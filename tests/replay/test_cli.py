@@ -52,5 +52,7 @@ def test_replay_pairs_normalize_cli(fake_openrouter, tmp_path, capsys):
 def test_cli_bad_teacher_price(tmp_path, capsys):
     states = tmp_path / "states.jsonl"
     write_jsonl_atomic(states, make_states(1))
-    code = main(["replay", str(states), "--out", str(tmp_path), "--max-usd", "1", "--teachers", "x/y", "--dry-run"])
+    code = main(
+        ["replay", str(states), "--out", str(tmp_path), "--max-usd", "1", "--teachers", "x/y", "--dry-run"]
+    )
     assert code == 1 and "x/y=IN:OUT" in capsys.readouterr().err

@@ -37,7 +37,9 @@ def test_success_spend_matches_billed_and_key_never_persisted(fake_openrouter, t
     states = make_states(5)
     caplog.set_level(logging.DEBUG)
     cache = tmp_path / "calls.jsonl"
-    rep = run(replay_states(states, teachers, max_total_usd=1.0, api_key=SECRET, cache_path=cache, retry=FAST))
+    rep = run(
+        replay_states(states, teachers, max_total_usd=1.0, api_key=SECRET, cache_path=cache, retry=FAST)
+    )
     assert [(r["state_id"], r["teacher_slug"]) for r in rep.results] == [
         (s["state_id"], t["slug"]) for s in states for t in teachers
     ]
@@ -124,7 +126,9 @@ def test_budget_cap_and_402_halt(fake_openrouter, tmp_path):
     assert est["expected_usd"] < est["worst_case_usd"]
 
     srv.script = lambda info: Reply(kind="http_error", status=402)
-    rep = run(replay_states(make_states(6, prefix="z"), teachers, max_total_usd=10.0, concurrency=1, retry=FAST))
+    rep = run(
+        replay_states(make_states(6, prefix="z"), teachers, max_total_usd=10.0, concurrency=1, retry=FAST)
+    )
     assert "402" in rep.results[0]["error"]
     assert all(r["error"].startswith("not sent: run halted") for r in rep.results[1:])
 
@@ -135,15 +139,19 @@ def test_rerun_sends_only_missing_calls(fake_openrouter, tmp_path):
     states = make_states(4)
     cache, ledger = tmp_path / "calls.jsonl", tmp_path / "ledger.jsonl"
     srv.script = lambda info: Reply(kind="http_error", status=400) if info.key[0] == "t/c" else Reply()
-    rep1 = run(replay_states(states, teachers, max_total_usd=1.0, cache_path=cache, ledger_path=ledger, retry=FAST))
+    rep1 = run(
+        replay_states(states, teachers, max_total_usd=1.0, cache_path=cache, ledger_path=ledger, retry=FAST)
+    )
     assert rep1.n_errors == 4 and srv.n_requests == 12
     srv.script = None
-    rep2 = run(replay_states(states, teachers, max_total_usd=1.0, cache_path=cache, ledger_path=ledger, retry=FAST))
+    rep2 = run(
+        replay_states(states, teachers, max_total_usd=1.0, cache_path=cache, ledger_path=ledger, retry=FAST)
+    )
     assert srv.n_requests == 16  # only the 4 failed calls again
     assert rep2.n_cached == 8 and rep2.n_errors == 0
-    assert rep2.prior_usd == pytest.approx(rep1.spent_usd) and rep2.prior_usd + rep2.spent_usd == pytest.approx(
-        srv.billed_usd
-    )
+    assert rep2.prior_usd == pytest.approx(
+        rep1.spent_usd
+    ) and rep2.prior_usd + rep2.spent_usd == pytest.approx(srv.billed_usd)
     assert rep2.results[:2] == rep1.results[:2]
 
 

@@ -31,7 +31,9 @@ def test_guard_refuses_runtime_install():
     install_guard()
     assert guard_installed()
     missing = LazyLoader("composer_replication_no_such_module_xyz")
-    with pytest.raises(AutoInstallRefused, match=r"pip install torch==2.13.0 composer_replication_no_such_module_xyz"):
+    with pytest.raises(
+        AutoInstallRefused, match=r"pip install torch==2.13.0 composer_replication_no_such_module_xyz"
+    ):
         missing.anything  # noqa: B018 - attribute access triggers the lazy import
     with pytest.raises(AutoInstallRefused, match="scipy"):
         LazyLoader._install_package("scipy>=1.10")
@@ -43,10 +45,18 @@ def test_default_recipe_for_real_attributes_every_drop():
         _pair("s0", "Fix the failing test in tests/test_app.py please", READ),
         _pair("s1", "Fix the failing test in tests/test_app.py please", READ),  # exact duplicate of s0
         _pair("s2", "Fix the failing test in tests/test_app.py, please!", READ),  # near duplicate
-        _pair("s3", "Add a --verbose flag to the CLI in src/cli.py", '[TOOL_USE] name=Grep input={"pattern": "argparse"}'),
+        _pair(
+            "s3",
+            "Add a --verbose flag to the CLI in src/cli.py",
+            '[TOOL_USE] name=Grep input={"pattern": "argparse"}',
+        ),
         _pair("s4", "Why does CI fail on main but not locally?", "x"),  # too short
         _pair("s5", "Rewrite the README introduction for new users", "a" * 400),  # degenerate repetition
-        _pair("s6", "Run the linter over the package and report", '[TOOL_USE] name=Bash input={"command": "ruff check ."}'),
+        _pair(
+            "s6",
+            "Run the linter over the package and report",
+            '[TOOL_USE] name=Bash input={"command": "ruff check ."}',
+        ),
     ]
     norm = DJNormalizer()
     out = norm.normalize(pairs)

@@ -41,10 +41,17 @@ def test_sigkill_then_rerun_pays_nothing_twice(fake_openrouter, tmp_path):
     assert SpendLedger(1.0, ledger_path).spent_usd >= billed_before_rerun - 1e-12
 
     states = [
-        {"state_id": f"k{i}", "messages": [{"role": "user", "content": f"kill task {i}"}], "student_action": "x"}
+        {
+            "state_id": f"k{i}",
+            "messages": [{"role": "user", "content": f"kill task {i}"}],
+            "student_action": "x",
+        }
         for i in range(40)
     ]
-    teachers = [{"slug": f"k/{t}", "input_per_mtok": 2.0, "output_per_mtok": 8.0, "base_url": srv.base_url} for t in "ab"]
+    teachers = [
+        {"slug": f"k/{t}", "input_per_mtok": 2.0, "output_per_mtok": 8.0, "base_url": srv.base_url}
+        for t in "ab"
+    ]
     rep = asyncio.run(replay_states(states, teachers, max_total_usd=1.0, cache_path=cache, concurrency=8,
                                     retry=RetryPolicy(backoff_base_s=0.001)))  # fmt: skip
     assert rep.n_errors == 0 and rep.n_cached == len(done)

@@ -27,13 +27,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("states", type=Path, help="states.jsonl (TraceState rows)")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--teachers", nargs="+", metavar="SLUG[=IN:OUT]", help="teacher slugs, optionally with prices")
+    g.add_argument(
+        "--teachers", nargs="+", metavar="SLUG[=IN:OUT]", help="teacher slugs, optionally with prices"
+    )
     g.add_argument("--config", type=Path, help="YAML/JSON file with the teacher specs")
-    p.add_argument("--base-url", help="send every teacher to this OpenAI-compatible server (vLLM, Ollama, ...)")
+    p.add_argument(
+        "--base-url", help="send every teacher to this OpenAI-compatible server (vLLM, Ollama, ...)"
+    )
     p.add_argument("--max-usd", type=float, required=True, help="hard cap on recorded spend, in USD")
     p.add_argument("--dry-run", action="store_true", help="price the run and exit without sending")
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=1024, help="completion cap per call (bounds the worst case)")
+    p.add_argument(
+        "--max-tokens", type=int, default=1024, help="completion cap per call (bounds the worst case)"
+    )
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
     p.add_argument("--stop-file", type=Path, help="stop cleanly (exit 3) once this file exists")
     p.add_argument("--no-progress", action="store_true")
@@ -47,7 +53,9 @@ def _parse_teacher(arg: str) -> dict[str, Any]:
         try:
             pin, pout = (float(x) for x in price.split(":"))
         except ValueError:
-            raise ValueError(f"--teachers {arg!r}: prices must be IN:OUT in USD per million tokens, e.g. {slug}=1.25:10") from None
+            raise ValueError(
+                f"--teachers {arg!r}: prices must be IN:OUT in USD per million tokens, e.g. {slug}=1.25:10"
+            ) from None
         return {"slug": slug, "input_per_mtok": pin, "output_per_mtok": pout}
     for t in DEFAULT_TEACHERS:
         if t["slug"] == slug:
@@ -67,7 +75,9 @@ def load_teachers(args: argparse.Namespace) -> list[dict[str, Any]]:
         if isinstance(data, dict):
             data = data.get("teachers")
         if not isinstance(data, list) or not all(isinstance(t, dict) and "slug" in t for t in data):
-            raise ValueError(f"{args.config}: expected a list of teacher specs (dicts with slug, input_per_mtok, output_per_mtok)")
+            raise ValueError(
+                f"{args.config}: expected a list of teacher specs (dicts with slug, input_per_mtok, output_per_mtok)"
+            )
         teachers = [dict(t) for t in data]
     elif args.teachers:
         teachers = [_parse_teacher(a) for a in args.teachers]

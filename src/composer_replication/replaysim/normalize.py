@@ -109,7 +109,7 @@ class DJNormalizer:
         for j, entry in enumerate(process):
             if not isinstance(entry, dict) or len(entry) != 1:
                 raise ValueError(f"{path}: process[{j}] must be a one-key mapping {{op_name: {{args}}}}")
-            (name, args), = entry.items()
+            ((name, args),) = entry.items()
             if name not in OPERATORS.modules:
                 raise ValueError(f"{path}: process[{j}]: unknown data-juicer op {name!r}")
             if args is not None and not isinstance(args, dict):
@@ -153,7 +153,7 @@ class DJNormalizer:
         text_key = self.recipe.get("text_keys", "text")
         process, names = [], []
         for entry in self.recipe["process"]:
-            (name, args), = entry.items()
+            ((name, args),) = entry.items()
             args = {"text_key": text_key, **(args or {}), "skip_op_error": False, "num_proc": 1}
             process.append({name: args})
             names.append(name if name not in names else f"{name}#{names.count(name) + 1}")
@@ -165,7 +165,9 @@ class DJNormalizer:
                 ds = ds.process([op], open_monitor=False)
                 after = set(ds["rid"])
                 if not after <= before:
-                    raise RuntimeError(f"data-juicer op {name} added records; only filters and dedups are supported")
+                    raise RuntimeError(
+                        f"data-juicer op {name} added records; only filters and dedups are supported"
+                    )
                 gone = sorted(before - after)
                 report.dropped_by_op[name] = len(gone)
                 report.dropped += [{"state_id": str(pairs[i]["state_id"]), "op": name} for i in gone]
@@ -211,6 +213,8 @@ async def replay_and_normalize_trace(
     return raw, normalized
 
 
-def replay_and_normalize_trace_sync(*args: Any, **kwargs: Any) -> tuple[list[TeacherCallResult], list[NormalizedDPOPair]]:
+def replay_and_normalize_trace_sync(
+    *args: Any, **kwargs: Any
+) -> tuple[list[TeacherCallResult], list[NormalizedDPOPair]]:
     """``asyncio.run(replay_and_normalize_trace(...))`` for callers without an event loop."""
     return asyncio.run(replay_and_normalize_trace(*args, **kwargs))

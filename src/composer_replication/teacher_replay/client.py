@@ -27,7 +27,13 @@ from .backends.openai_compat import OPENROUTER_BASE_URL
 from .cache import ResultCache, call_key, prompt_hash
 from .keys import DEFAULT_KEY_ENV, resolve_api_key
 from .ledger import SpendLedger
-from .prompt import build_messages, cost_from_tokens, prompt_token_bound, prompt_token_estimate, worst_case_usd
+from .prompt import (
+    build_messages,
+    cost_from_tokens,
+    prompt_token_bound,
+    prompt_token_estimate,
+    worst_case_usd,
+)
 from .types import DEFAULT_TEACHERS, TeacherCallResult, TeacherSpec, TraceState
 
 log = logging.getLogger(__name__)
@@ -80,7 +86,17 @@ def _validate_states(states: Sequence[TraceState]) -> list[dict[str, Any]]:
     for i, s in enumerate(states):
         for k in ("state_id", "messages", "student_action"):
             if k not in s:
-                raise ValueError(f"state #{i}: missing field {k!r} (a TraceState needs state_id, messages, student_action)")
+                raise ValueError(
+                    f"state #{i}: missing field {k!r} (a TraceState needs state_id, messages, student_action)"
+                )
+        msgs = s["messages"]
+        if not isinstance(msgs, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in msgs
+        ):
+            raise ValueError(
+                f"state #{i} ({s['state_id']!r}): messages must be a list of {{role, content}} dicts with string content"
+            )
         if s["state_id"] in seen:
             raise ValueError(f"state #{i}: duplicate state_id {s['state_id']!r}")
         seen.add(s["state_id"])
@@ -89,7 +105,11 @@ def _validate_states(states: Sequence[TraceState]) -> list[dict[str, Any]]:
 
 
 def plan_calls(
-    states: Sequence[TraceState], teachers: Sequence[TeacherSpec], *, max_tokens: int, timeout_s: float = 120.0
+    states: Sequence[TraceState],
+    teachers: Sequence[TeacherSpec],
+    *,
+    max_tokens: int,
+    timeout_s: float = 120.0,
 ) -> list[_Call]:
     """Every (state, teacher) request with its cache key and its worst-case and expected cost."""
     slugs = [t.get("slug") for t in teachers]
@@ -160,6 +180,22 @@ def _needs_key(spec: dict[str, Any]) -> bool:
     )
 
 
+def _backend_for(
+    spec: dict[str, Any], api_key: str | None, concurrency: int, backends: dict[tuple, Any]
+) -> Any:
+    """The (shared) backend of one teacher; RuntimeError if it needs a key and none is found."""
+    env = spec.get("api_key_env", DEFAULT_KEY_ENV)
+    key = resolve_api_key(api_key, env) if (_needs_key(spec) or api_key or "api_key_env" in spec) else None
+    if _needs_key(spec) and not key:
+        raise RuntimeError(
+            f"teacher {spec['slug']!r} needs an API key: pass api_key=..., set ${env}, or put {env}=... in ./.env"
+        )
+    ident = (spec.get("backend", "openai"), spec.get("base_url"), spec.get("model_path"), key)
+    if ident not in backends:
+        backends[ident] = make_backend(spec, api_key=key, concurrency=concurrency)
+    return backends[ident]
+
+
 def _stop_error(reason: str) -> Exception:
     try:
         from composer_replication.safety.kill_switch import KillSwitchTriggered
@@ -227,19 +263,12 @@ async def replay_states(
     backends: dict[tuple, Any] = {}
     call_backend: dict[str, Any] = {}
     try:
+        by_teacher: dict[str, Any] = {}
         for c in todo:
             spec = c.spec
-            env = spec.get("api_key_env", DEFAULT_KEY_ENV)
-            key = resolve_api_key(api_key, env) if (_needs_key(spec) or api_key or "api_key_env" in spec) else None
-            if _needs_key(spec) and not key:
-                raise RuntimeError(
-                    f"teacher {spec['slug']!r} needs an API key: pass api_key=..., set ${env}, or put {env}=... "
-                    "in ./.env"
-                )
-            ident = (spec.get("backend", "openai"), spec.get("base_url"), spec.get("model_path"), key)
-            if ident not in backends:
-                backends[ident] = make_backend(spec, api_key=key, concurrency=concurrency)
-            call_backend[c.key] = backends[ident]
+            if spec["slug"] not in by_teacher:
+                by_teacher[spec["slug"]] = _backend_for(spec, api_key, concurrency, backends)
+            call_backend[c.key] = by_teacher[spec["slug"]]
 
         sem = asyncio.Semaphore(concurrency)
         state = {"stopped": None, "fatal": None}

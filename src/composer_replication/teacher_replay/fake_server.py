@@ -112,7 +112,9 @@ class FakeOpenRouter:
                 headers["Retry-After"] = reply.retry_after
             return status, headers, payload, delay
         if reply.kind == "error_200":
-            _, headers, payload = _err(reply.status if reply.status != 200 else 502, "provider returned error")
+            _, headers, payload = _err(
+                reply.status if reply.status != 200 else 502, "provider returned error"
+            )
             return 200, headers, payload, delay
         text = reply.text if reply.text is not None else self.responder(key[0], messages)
         max_tokens = int(body.get("max_tokens") or 1 << 30)
@@ -129,14 +131,18 @@ class FakeOpenRouter:
         payload = {
             "id": f"gen-{self.n_requests}",
             "model": key[0],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            ],
             "usage": usage,
         }
         return 200, {}, json.dumps(payload).encode(), delay
 
 
 def _err(status: int, message: str) -> tuple[int, dict[str, str], bytes]:
-    etype = {429: "rate_limit_exceeded", 402: "insufficient_credits", 400: "invalid_request"}.get(status, "provider_error")
+    etype = {429: "rate_limit_exceeded", 402: "insufficient_credits", 400: "invalid_request"}.get(
+        status, "provider_error"
+    )
     body = {"error": {"code": status, "message": message, "metadata": {"error_type": etype}}}
     return status, {}, json.dumps(body).encode()
 

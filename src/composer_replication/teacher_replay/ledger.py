@@ -46,7 +46,9 @@ class SpendLedger:
     nothing is in flight and the call still does not fit (the budget is spent).
     """
 
-    def __init__(self, max_total_usd: float, path: str | os.PathLike[str] | None = None, *, fsync: bool = False):
+    def __init__(
+        self, max_total_usd: float, path: str | os.PathLike[str] | None = None, *, fsync: bool = False
+    ):
         if not max_total_usd >= 0:
             raise ValueError(f"max_total_usd must be >= 0, got {max_total_usd!r}")
         self.max_total_usd = float(max_total_usd)

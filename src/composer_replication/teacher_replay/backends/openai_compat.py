@@ -57,7 +57,11 @@ def _error_from_body(body: dict[str, Any], status: int) -> TeacherError:
         code = status
     meta = err.get("metadata") if isinstance(err.get("metadata"), dict) else {}
     etype = meta.get("error_type", "")
-    msg = f"HTTP {status}" + (f" error {code}" if code != status else "") + f": {str(err.get('message', ''))[:300]}"
+    msg = (
+        f"HTTP {status}"
+        + (f" error {code}" if code != status else "")
+        + f": {str(err.get('message', ''))[:300]}"
+    )
     retryable = code in RETRYABLE_STATUS or etype in ("rate_limit_exceeded", "timeout")
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
     cost = usage.get("cost")
@@ -97,7 +101,10 @@ class OpenAICompatBackend:
             # Route only to models whose terms allow training on outputs, and never above the planned price.
             body["provider"] = {
                 "enforce_distillable_text": True,
-                "max_price": {"prompt": self.spec["input_per_mtok"], "completion": self.spec["output_per_mtok"]},
+                "max_price": {
+                    "prompt": self.spec["input_per_mtok"],
+                    "completion": self.spec["output_per_mtok"],
+                },
             }
         body.update(req.extra_body)
         return body
@@ -111,9 +118,13 @@ class OpenAICompatBackend:
         except httpx.ConnectError as exc:
             raise TeacherError(f"connect error: {exc}", retryable=True, billed=BILLED_NOTHING) from None
         except httpx.TimeoutException:
-            raise TeacherError(f"timeout after {req.timeout_s}s", retryable=True, billed=BILLED_UNKNOWN) from None
+            raise TeacherError(
+                f"timeout after {req.timeout_s}s", retryable=True, billed=BILLED_UNKNOWN
+            ) from None
         except httpx.TransportError as exc:
-            raise TeacherError(f"transport error: {type(exc).__name__}", retryable=True, billed=BILLED_UNKNOWN) from None
+            raise TeacherError(
+                f"transport error: {type(exc).__name__}", retryable=True, billed=BILLED_UNKNOWN
+            ) from None
         try:
             body = json.loads(resp.content)
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -139,7 +150,9 @@ class OpenAICompatBackend:
             choice = body["choices"][0]
             text = choice["message"]["content"]
         except (KeyError, IndexError, TypeError):
-            raise TeacherError("HTTP 200 without choices[0].message.content", retryable=True, billed=BILLED_UNKNOWN) from None
+            raise TeacherError(
+                "HTTP 200 without choices[0].message.content", retryable=True, billed=BILLED_UNKNOWN
+            ) from None
         if choice.get("finish_reason") == "error":
             raise TeacherError("provider error (finish_reason=error)", retryable=True, billed=BILLED_UNKNOWN)
         usage = body.get("usage") if isinstance(body.get("usage"), dict) else None

@@ -36,7 +36,9 @@ class TransformersBackend:
     def __init__(self, spec: dict[str, Any]) -> None:
         path = spec.get("model_path")
         if not path:
-            raise ValueError(f"teacher {spec['slug']!r}: backend 'transformers' needs 'model_path' (a local model dir)")
+            raise ValueError(
+                f"teacher {spec['slug']!r}: backend 'transformers' needs 'model_path' (a local model dir)"
+            )
         self.model_path = str(path)
         self._lock = asyncio.Lock()
 
@@ -44,7 +46,9 @@ class TransformersBackend:
         import torch
 
         model, tok = _load(self.model_path)
-        enc = tok.apply_chat_template(req.messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        enc = tok.apply_chat_template(
+            req.messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
         input_ids = enc["input_ids"]
         gen_kwargs: dict[str, Any] = {"max_new_tokens": req.max_tokens, "pad_token_id": tok.pad_token_id}
         if req.temperature > 0:
@@ -56,7 +60,10 @@ class TransformersBackend:
         new = out[0, input_ids.shape[1] :]
         text = tok.decode(new, skip_special_tokens=True)
         return ChatResponse(
-            text=text, prompt_tokens=int(input_ids.shape[1]), completion_tokens=int(new.shape[0]), cost_usd=None
+            text=text,
+            prompt_tokens=int(input_ids.shape[1]),
+            completion_tokens=int(new.shape[0]),
+            cost_usd=None,
         )
 
     async def complete(self, req: ChatRequest) -> ChatResponse:
@@ -66,7 +73,9 @@ class TransformersBackend:
             except (ImportError, ValueError, OSError):
                 raise
             except Exception as exc:  # a generation failure is one failed call, not a crashed run
-                raise TeacherError(f"local generation failed: {type(exc).__name__}: {exc}", retryable=False) from exc
+                raise TeacherError(
+                    f"local generation failed: {type(exc).__name__}: {exc}", retryable=False
+                ) from exc
 
     async def aclose(self) -> None:
         return None
