@@ -1,0 +1,216 @@
+"""Monarch actors for the Composer pipeline: sandboxed rollout workers, teacher-replay workers, a trainer.
+
+Each actor is a thin shell over the library (``datagen.rollout``, ``ingestion``, ``teacher_replay``,
+``loss``): Monarch only places them on processes (locally ``this_host().spawn_procs``, on a cluster a
+``HostMesh`` from ``monarch.job``) and carries plain dicts between them. `run_pipeline_step` wires one
+step: rollouts in the sandbox -> ingest + teacher replay -> one training step on the trainer, polling the
+kill switch between stages. ``python3 -m composer_replication.recipes.monarch.example`` runs it on CPU.
+
+Requires the ``monarch`` extra (``pip install 'composer-replication[monarch]'``; torchmonarch >= 0.7 with
+cloudpickle >= 3).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+try:
+    from monarch.actor import Actor, current_rank, endpoint, this_host
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError("the Monarch recipe needs: pip install 'composer-replication[monarch]'") from e
+
+from composer_replication.safety.kill_switch import KillSwitch, KillSwitchTriggered
+
+
+class RolloutWorker(Actor):
+    """Runs coding tasks as a tool-calling agent in a sandbox; one task per rank per call."""
+
+    def __init__(self, out_dir: str, sandbox_type: str | None = None, model_dir: str | None = None) -> None:
+        self.out_dir = Path(out_dir)
+        self.sandbox_type = sandbox_type
+        self.model_dir = model_dir
+        self._policy = None
+
+    def _policy_for(self, task: Any) -> Any:
+        from composer_replication.datagen.rollout import HFPolicy, oracle_policy
+
+        if self.model_dir is None:
+            return oracle_policy(task)
+        if self._policy is None:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            model = AutoModelForCausalLM.from_pretrained(self.model_dir)
+            self._policy = HFPolicy(model, AutoTokenizer.from_pretrained(self.model_dir), max_new_tokens=64)
+        return self._policy
+
+    @endpoint
+    def rollout(self, task_names: list[str]) -> dict[str, Any]:
+        """Roll out ``task_names[rank % len]``; returns the `RolloutResult` as a dict."""
+        from dataclasses import asdict
+
+        from composer_replication.datagen.rollout import run_rollout
+        from composer_replication.datagen.sandbox import make_sandbox
+        from composer_replication.datagen.tasks import bundled_tasks
+
+        rank = current_rank().rank
+        task = bundled_tasks()[task_names[rank % len(task_names)]]
+        result = run_rollout(
+            task,
+            self._policy_for(task),
+            rollout_id=f"{task.name}-r{rank}",
+            log_dir=self.out_dir / "sessions",
+            sandbox_factory=lambda: make_sandbox(self.sandbox_type),
+        )
+        return asdict(result) | {"pid": os.getpid()}
+
+
+class ReplayWorker(Actor):
+    """Ingests rollout session logs into states and replays them to teachers (under a dollar cap)."""
+
+    @endpoint
+    async def ingest_and_replay(
+        self,
+        session_logs: list[str],
+        teachers: list[dict[str, Any]],
+        max_total_usd: float = 0.0,
+        max_tokens: int = 64,
+    ) -> dict[str, Any]:
+        from composer_replication.ingestion.claude_code import ClaudeCodeIngester
+        from composer_replication.teacher_replay import replay_trace
+
+        ing = ClaudeCodeIngester()
+        states = [s for p in session_logs for s in ing.ingest(Path(p))]
+        calls = []
+        if teachers and states:
+            calls = await replay_trace(
+                states, teachers, max_total_usd=max_total_usd, max_tokens=max_tokens, progress=False
+            )
+        return {"states": states, "teacher_calls": calls, "pid": os.getpid()}
+
+
+class TrainerActor(Actor):
+    """Holds the policy; one optimizer step of response cross-entropy on reward-1 actions (rejection sampling).
+
+    The loss goes through ``composer_replication.loss.lm_ce_channel``, the seam every trainer uses.
+    """
+
+    def __init__(self, model_dir: str, lr: float = 1e-3) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(0)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        self.steps = 0
+
+    def _batch(self, examples: list[dict[str, Any]], max_len: int = 512) -> tuple[Any, Any, Any]:
+        import torch
+
+        tok = self.tokenizer
+        rows = []
+        for ex in examples:
+            prompt = tok.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False)
+            p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            a_ids = tok(ex["student_action"] + tok.eos_token, add_special_tokens=False)["input_ids"]
+            ids = (p_ids + a_ids)[-max_len:]
+            n_resp = min(len(a_ids), len(ids) - 1)
+            rows.append((ids, [0] * (len(ids) - n_resp) + [1] * n_resp))
+        width = max(len(r[0]) for r in rows)
+        pad = tok.pad_token_id
+        ids = torch.tensor([r[0] + [pad] * (width - len(r[0])) for r in rows])
+        resp = torch.tensor([r[1] + [0] * (width - len(r[1])) for r in rows])
+        attn = torch.tensor([[1] * len(r[0]) + [0] * (width - len(r[0])) for r in rows])
+        return ids, resp, attn
+
+    @endpoint
+    def train_step(self, examples: list[dict[str, Any]]) -> dict[str, float]:
+        import torch
+
+        from composer_replication.loss import lm_ce_channel
+
+        if not examples:
+            return {"step": float(self.steps), "examples": 0.0}
+        ids, resp, attn = self._batch(examples)
+        self.model.train()
+        out = lm_ce_channel(self.model, ids, resp, attention_mask=attn)
+        out.loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0))
+        self.opt.step()
+        self.opt.zero_grad()
+        self.steps += 1
+        return {
+            "step": float(self.steps),
+            "loss": float(out.loss.detach()),
+            "grad_norm": grad_norm,
+            "tokens": float(out.count),
+            "examples": float(len(examples)),
+        }
+
+    @endpoint
+    def save(self, path: str) -> str:
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        return path
+
+
+def run_pipeline_step(
+    out_dir: str | Path,
+    model_dir: str | Path,
+    *,
+    tasks: tuple[str, ...] = ("off_by_one", "fix_import"),
+    rollout_procs: int = 2,
+    policy_dir: str | Path | None = None,
+    teachers: list[dict[str, Any]] | None = None,
+    kill_switch: KillSwitch | None = None,
+) -> dict[str, Any]:
+    """Spawn local meshes and run one rollout -> ingest/replay -> train step. Returns what each stage did.
+
+    ``policy_dir`` None rolls out with the tasks' oracle (scripted) policy, so the step has successes to
+    learn from; pass the trainer's model dir to roll out the model itself.
+    """
+    out_dir = Path(out_dir)
+    stop = kill_switch or (lambda: None)
+    workers = this_host().spawn_procs(per_host={"procs": rollout_procs})
+    trainer_mesh = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        rollouts = workers.spawn(
+            "rollout", RolloutWorker, str(out_dir), None, str(policy_dir) if policy_dir else None
+        )
+        replayers = workers.spawn("replay", ReplayWorker)
+        trainer = trainer_mesh.spawn("trainer", TrainerActor, str(model_dir))
+
+        results = list(rollouts.rollout.call(list(tasks)).get().values())
+        if (reason := stop()) is not None:
+            raise KillSwitchTriggered(reason)
+        usable = [r for r in results if r["status"] != "infra_error"]
+        logs = [r["session_log"] for r in usable]
+        replay = replayers.slice(procs=0).ingest_and_replay.call_one(logs, teachers or [], 0.0, 32).get()
+        passed = {r["rollout_id"] for r in usable if r["reward"] == 1.0}
+        examples = [s for s in replay["states"] if s["trace_id"] in passed]
+        if (reason := stop()) is not None:
+            raise KillSwitchTriggered(reason)
+        metrics = trainer.train_step.call_one(examples).get()
+        if kill_switch is not None:
+            kill_switch.observe(
+                step=metrics.get("step"), loss=metrics.get("loss"), grad_norm=metrics.get("grad_norm")
+            )
+        checkpoint = trainer.save.call_one(str(out_dir / "checkpoint")).get()
+        if (reason := stop()) is not None:
+            raise KillSwitchTriggered(reason)
+        return {
+            "rollouts": results,
+            "states": len(replay["states"]),
+            "teacher_calls": replay["teacher_calls"],
+            "train": metrics,
+            "checkpoint": checkpoint,
+            "pids": {"rollout": sorted({r["pid"] for r in results}), "replay": replay["pid"]},
+        }
+    finally:
+        workers.stop().get()
+        trainer_mesh.stop().get()
+
+
+__all__ = ["ReplayWorker", "RolloutWorker", "TrainerActor", "run_pipeline_step"]
