@@ -173,6 +173,8 @@ def run_pipeline_step(
     """
     out_dir = Path(out_dir)
     stop = kill_switch or (lambda: None)
+    if (reason := stop()) is not None:
+        raise KillSwitchTriggered(reason)
     workers = this_host().spawn_procs(per_host={"procs": rollout_procs})
     trainer_mesh = this_host().spawn_procs(per_host={"procs": 1})
     try:
