@@ -66,7 +66,7 @@ def run_replay(
         rep = asyncio.run(
             replay_states(
                 states, teachers, max_total_usd=100.0, cache_path=Path(d) / "calls.jsonl",
-                concurrency=concurrency, max_tokens=64, fsync=fsync,
+                concurrency=concurrency, max_tokens=64, fsync=fsync, progress=False,
             )
         )  # fmt: skip
         dt = time.perf_counter() - t0
