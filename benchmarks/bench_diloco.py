@@ -27,7 +27,12 @@ import time
 
 import torch
 
-from composer_replication.diloco.serverless.allreduce import _serialize, _sha256, object_store_allreduce, round_prefix
+from composer_replication.diloco.serverless.allreduce import (
+    _serialize,
+    _sha256,
+    object_store_allreduce,
+    round_prefix,
+)
 from composer_replication.diloco.serverless.store import LocalDirStore, S3Store
 
 
@@ -59,8 +64,13 @@ def bytes_table(shapes: dict[str, tuple[int, ...]], k: int) -> str:
             "|---:|---:|---:|---:|---:|"]  # fmt: skip
     for h in (1, 10, 100, 500):
         store_bytes = (payload + blob) / h  # one create-only PUT of the serialised pseudo-gradient per round
-        rows.append(f"| {h} | {ring / 1e6:,.1f} MB | {ring / h / 1e6:,.2f} MB | {store_bytes / 1e6:,.2f} MB | {1 / h:.4f} |")
-    return "\n".join(rows) + f"\n\n({n / 1e6:.1f}M fp32 parameters, {k} replicas; object-store replicas also download k-1 objects per round.)"
+        rows.append(
+            f"| {h} | {ring / 1e6:,.1f} MB | {ring / h / 1e6:,.2f} MB | {store_bytes / 1e6:,.2f} MB | {1 / h:.4f} |"
+        )
+    return (
+        "\n".join(rows)
+        + f"\n\n({n / 1e6:.1f}M fp32 parameters, {k} replicas; object-store replicas also download k-1 objects per round.)"
+    )
 
 
 def time_store(name: str, store, shapes, k: int, repeats: int) -> tuple[float, float]:
@@ -75,7 +85,9 @@ def time_store(name: str, store, shapes, k: int, repeats: int) -> tuple[float, f
             store.put_if_absent(f"{round_prefix(run, 0)}/delta/{r:05d}.safetensors", data,
                                 metadata={"sha256": _sha256(data), "rank": str(r), "weight": "1.0"})  # fmt: skip
         t = time.perf_counter()
-        res = object_store_allreduce(store, mine, run_id=run, round_index=0, rank=0, world_size=k, deadline_s=60)
+        res = object_store_allreduce(
+            store, mine, run_id=run, round_index=0, rank=0, world_size=k, deadline_s=60
+        )
         ar.append(time.perf_counter() - t)
         assert res.participants == list(range(k))
         del res
@@ -124,7 +136,9 @@ def main() -> int:
     n = sum(torch.Size(s).numel() for s in shapes.values())
     print("## Bytes sent per inner step\n")
     print(bytes_table(shapes, args.replicas))
-    print(f"\n## Object-store all-reduce, {n / 1e6:.1f}M fp32 parameters ({4 * n / 1e6:.0f} MB), {args.replicas} replicas\n")
+    print(
+        f"\n## Object-store all-reduce, {n / 1e6:.1f}M fp32 parameters ({4 * n / 1e6:.0f} MB), {args.replicas} replicas\n"
+    )
     print("| store | all-reduce (s) | raw put + 3 gets (s) | ratio |\n|---|---:|---:|---:|")
     tmp = tempfile.mkdtemp(prefix="bench-diloco-")
     try:
@@ -140,7 +154,9 @@ def main() -> int:
                 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
                 server.start()
                 host, port = server.get_host_and_port()
-                store = S3Store("bench", endpoint_url=f"http://{host}:{port}", region="us-east-1", create_bucket=True)
+                store = S3Store(
+                    "bench", endpoint_url=f"http://{host}:{port}", region="us-east-1", create_bucket=True
+                )
                 cleanup = server.stop
             elif name == "seaweedfs":
                 proc, store = start_seaweedfs(os.path.join(tmp, "weed"))

@@ -28,12 +28,14 @@ def moto_endpoint():
 
 @pytest.fixture()
 def moto_store(moto_endpoint, request):
-    from composer_replication.diloco.serverless.store import S3Store
-
     import uuid
 
+    from composer_replication.diloco.serverless.store import S3Store
+
     bucket = f"t-{uuid.uuid4().hex[:20]}"
-    return S3Store(bucket, prefix="exchange", endpoint_url=moto_endpoint, region="us-east-1", create_bucket=True)
+    return S3Store(
+        bucket, prefix="exchange", endpoint_url=moto_endpoint, region="us-east-1", create_bucket=True
+    )
 
 
 @pytest.fixture(scope="session")

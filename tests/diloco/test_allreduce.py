@@ -103,7 +103,9 @@ def test_corrupted_upload_is_rejected(store):
     bad = bytearray(data)
     bad[-3] ^= 0xFF
     store.put_if_absent(
-        f"{round_prefix('run', 3)}/delta/00001.safetensors", bytes(bad), metadata={"sha256": sha, "weight": "1.0"}
+        f"{round_prefix('run', 3)}/delta/00001.safetensors",
+        bytes(bad),
+        metadata={"sha256": sha, "weight": "1.0"},
     )
     results = _run_replicas(store, [0, 2], 3, round_index=3, deadline_s=0.3, min_participants=2)
     for r in (0, 2):
@@ -122,7 +124,9 @@ def test_non_finite_upload_is_rejected(tmp_path):
         kwargs=dict(run_id="run", round_index=0, rank=1, world_size=2, deadline_s=0.3, timeout_s=5),
     )
     t.start()
-    res = object_store_allreduce(store, _contrib(0), run_id="run", round_index=0, rank=0, world_size=2, deadline_s=0.3)
+    res = object_store_allreduce(
+        store, _contrib(0), run_id="run", round_index=0, rank=0, world_size=2, deadline_s=0.3
+    )
     t.join()
     assert res.participants == [0] and "non-finite" in res.rejected[1]
 
@@ -146,8 +150,15 @@ def test_create_only_race_has_one_winner(store):
 def test_timeout_without_quorum(tmp_path):
     with pytest.raises(AllReduceError, match="no manifest"):
         object_store_allreduce(
-            LocalDirStore(tmp_path), _contrib(0), run_id="r", round_index=0, rank=0, world_size=3,
-            min_participants=2, deadline_s=0.1, timeout_s=0.3,
+            LocalDirStore(tmp_path),
+            _contrib(0),
+            run_id="r",
+            round_index=0,
+            rank=0,
+            world_size=3,
+            min_participants=2,
+            deadline_s=0.1,
+            timeout_s=0.3,
         )
 
 
@@ -160,7 +171,9 @@ def test_fixed_order_mean_weighted():
 
 def test_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="rank=3"):
-        object_store_allreduce(LocalDirStore(tmp_path), _contrib(0), run_id="r", round_index=0, rank=3, world_size=2)
+        object_store_allreduce(
+            LocalDirStore(tmp_path), _contrib(0), run_id="r", round_index=0, rank=3, world_size=2
+        )
     with pytest.raises(ValueError, match="must not contain"):
         LocalDirStore(tmp_path).get("../etc/passwd")
 

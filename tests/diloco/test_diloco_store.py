@@ -40,14 +40,33 @@ def _metrics(run_dir: Path, rank: int, event: str = "sync") -> list[dict]:
 
 def test_cli_launch_local_matches_simulation_bit_for_bit(tmp_path, moto_endpoint, capsys):
     bucket = "diloco-parity"
-    store = {"type": "s3", "bucket": bucket, "prefix": "p", "endpoint_url": moto_endpoint, "region": "us-east-1"}
+    store = {
+        "type": "s3",
+        "bucket": bucket,
+        "prefix": "p",
+        "endpoint_url": moto_endpoint,
+        "region": "us-east-1",
+    }
     from composer_replication.diloco.serverless.store import S3Store
 
     S3Store(bucket, endpoint_url=moto_endpoint, region="us-east-1", create_bucket=True)
     cfg_path = tmp_path / "diloco.yaml"
     cfg_path.write_text(yaml.safe_dump(_config(tmp_path, store)))
     run_dir = tmp_path / "run"
-    rc = main(["launch", "--backend", "local", "--replicas", "2", "--run-dir", str(run_dir), "--refresh", "0.2", str(cfg_path)])
+    rc = main(
+        [
+            "launch",
+            "--backend",
+            "local",
+            "--replicas",
+            "2",
+            "--run-dir",
+            str(run_dir),
+            "--refresh",
+            "0.2",
+            str(cfg_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "rank  state" in out and "succeeded" in out and "2/2 replicas succeeded" in out
@@ -106,7 +125,9 @@ def test_replica_killed_and_restarted_rejoins_from_the_store(tmp_path):
         wait_for(lambda: len(_metrics(run_dir, 2)) >= 2, "rank 2 to sync twice")
         ex.kill(handles[2])  # SIGKILL mid-run
         n_before = len(_metrics(run_dir, 2))
-        wait_for(lambda: any(s["participants"] == [0, 1] for s in _metrics(run_dir, 0)), "a round without rank 2")
+        wait_for(
+            lambda: any(s["participants"] == [0, 1] for s in _metrics(run_dir, 0)), "a round without rank 2"
+        )
         restarted = ex.launch_one(2, 3, DEFAULT_ENTRYPOINT, cfg)
         wait_for(
             lambda: sum(s["participants"] == [0, 1, 2] for s in _metrics(run_dir, 2)[n_before:]) >= 2,

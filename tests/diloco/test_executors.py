@@ -109,11 +109,17 @@ class _HubHandler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _job(self, job_id):
-        return {"id": job_id, "owner": {"id": "1", "name": "me", "type": "user"}, "status": {"stage": self.stage}}
+        return {
+            "id": job_id,
+            "owner": {"id": "1", "name": "me", "type": "user"},
+            "status": {"stage": self.stage},
+        }
 
     def do_POST(self):  # noqa: N802 - http.server naming
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.requests.append(("POST", self.path, json.loads(body) if body else None, self.headers.get("authorization")))
+        self.requests.append(
+            ("POST", self.path, json.loads(body) if body else None, self.headers.get("authorization"))
+        )
         if self.path.endswith("/cancel"):
             type(self).stage = "CANCELED"
             return self._send(None)
@@ -122,8 +128,10 @@ class _HubHandler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
         self.requests.append(("GET", self.path, None, None))
         if "/logs" in self.path:
-            events = "".join(f"data: {json.dumps({'data': line, 'timestamp': '2026-01-01T00:00:00Z'})}\n\n"
-                             for line in ["===== Job started", "hello", '{"event": "done", "rank": 0}'])
+            events = "".join(
+                f"data: {json.dumps({'data': line, 'timestamp': '2026-01-01T00:00:00Z'})}\n\n"
+                for line in ["===== Job started", "hello", '{"event": "done", "rank": 0}']
+            )
             data = events.encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -152,7 +160,9 @@ def test_hf_jobs_against_loopback_hub(hub, tmp_path, monkeypatch):
     endpoint, handler = hub
     from huggingface_hub import constants
 
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # conftest sets offline mode; this hub is loopback
+    monkeypatch.setattr(
+        constants, "HF_HUB_OFFLINE", False
+    )  # conftest sets offline mode; this hub is loopback
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA-SECRET-VALUE")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
     ex = get_executor("hf-jobs", namespace="me", endpoint=endpoint, token="hf_test_token", run_name="t")
@@ -192,3 +202,86 @@ def test_modal_for_real(tmp_path):
     results = ex.collect(ex.launch_replicas(2, DEFAULT_ENTRYPOINT, cfg, timeout=900), timeout=1200)
     assert [r.state for r in results] == ["succeeded"] * 2
     assert results[0].value["param_sha256"] == results[1].value["param_sha256"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "module", "kwargs"),
+    [
+        ("modal", "modal", {}),
+        ("hf-jobs", "huggingface_hub", {}),
+        ("eks", "kubernetes", {"image": "x"}),
+    ],
+)
+def test_missing_sdk_names_the_extra(backend, module, kwargs, monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # makes `import <module>` raise ImportError
+    with pytest.raises(ImportError, match=rf"composer-replication\[{backend}\]"):
+        ex = get_executor(backend, **kwargs)
+        # the EKS and Modal executors import their SDK when they build something
+        (ex.build_function() if backend == "modal" else ex.build(1, DEFAULT_ENTRYPOINT, _cfg(tmp_path)))
+
+
+def test_import_composer_replication_stays_light():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, composer_replication as cr; "
+        "heavy = [m for m in ('torchft', 'modal', 'kubernetes', 'huggingface_hub', 'boto3') if m in sys.modules]; "
+        "assert not heavy, heavy; "
+        "assert cr.make_diloco_outer_loop is not None and 'torchft' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.cloud
+def test_sagemaker_for_real(tmp_path):
+    need = ("CR_TEST_SAGEMAKER_ROLE_ARN", "CR_TEST_SAGEMAKER_IMAGE", "CR_TEST_S3_BUCKET")
+    if not all(os.environ.get(k) for k in need):
+        pytest.skip(f"set {', '.join(need)} (and AWS credentials) to run against SageMaker")
+    from composer_replication.diloco.serverless.sagemaker import SageMakerExecutor
+
+    bucket = os.environ["CR_TEST_S3_BUCKET"]
+    ex = SageMakerExecutor(
+        role_arn=os.environ["CR_TEST_SAGEMAKER_ROLE_ARN"],
+        image_uri=os.environ["CR_TEST_SAGEMAKER_IMAGE"],
+        output_s3_uri=f"s3://{bucket}/sagemaker-out",
+        instance_type="ml.m5.large",
+    )
+    cfg = {**_cfg(tmp_path), "store": {"type": "s3", "bucket": bucket, "prefix": "cr-test-sm"}}
+    results = ex.collect(ex.launch_replicas(2, DEFAULT_ENTRYPOINT, cfg, timeout=1800), timeout=3600)
+    assert [r.state for r in results] == ["succeeded"] * 2
+
+
+@pytest.mark.cloud
+def test_hf_jobs_for_real(tmp_path):
+    if not (os.environ.get("HF_TOKEN") and os.environ.get("CR_TEST_S3_BUCKET")):
+        pytest.skip("set HF_TOKEN and CR_TEST_S3_BUCKET (and AWS credentials) to run on HF Jobs")
+    cfg = {
+        **_cfg(tmp_path),
+        "store": {"type": "s3", "bucket": os.environ["CR_TEST_S3_BUCKET"], "prefix": "cr-test-hf"},
+    }
+    ex = get_executor("hf-jobs")
+    results = ex.collect(ex.launch_replicas(2, DEFAULT_ENTRYPOINT, cfg, timeout=1800), timeout=3600)
+    assert [r.state for r in results] == ["succeeded"] * 2
+
+
+@pytest.mark.cloud
+def test_eks_for_real(tmp_path):
+    if not all(os.environ.get(k) for k in ("KUBECONFIG", "CR_TEST_K8S_IMAGE", "CR_TEST_S3_BUCKET")):
+        pytest.skip(
+            "set KUBECONFIG, CR_TEST_K8S_IMAGE and CR_TEST_S3_BUCKET to run an Indexed Job on a cluster"
+        )
+    ex = get_executor("eks", image=os.environ["CR_TEST_K8S_IMAGE"], job_name="cr-test-diloco")
+    handles = ex.launch_replicas(
+        2,
+        DEFAULT_ENTRYPOINT,
+        _cfg(tmp_path)
+        | {"store": {"type": "s3", "bucket": os.environ["CR_TEST_S3_BUCKET"], "prefix": "cr-test-eks"}},
+    )
+    try:
+        results = ex.collect(handles, timeout=1800)
+    finally:
+        ex.cancel(handles[0])
+    assert [r.state for r in results] == ["succeeded"] * 2

@@ -32,7 +32,9 @@ def start_lighthouse():
             heartbeat_timeout_ms=1000,
         )
         servers.append(server)
-        return f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"  # .address() names the host, not the IP
+        return (
+            f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"  # .address() names the host, not the IP
+        )
 
     yield start
     for server in servers:
@@ -118,7 +120,10 @@ def test_kill_continue_restart_rejoin(tmp_path, start_lighthouse):
             time.sleep(0.2)
         raise AssertionError(f"timed out waiting for {what}")
 
-    wait_for(lambda: all(any(r["participants"] == 2 for r in _syncs(run_dir, k)) for k in (0, 1)), "a 2-replica sync")
+    wait_for(
+        lambda: all(any(r["participants"] == 2 for r in _syncs(run_dir, k)) for k in (0, 1)),
+        "a 2-replica sync",
+    )
     ex.kill(handles[1])  # SIGKILL mid-run
     killed_at = len(_syncs(run_dir, 1))
     n0 = len(_syncs(run_dir, 0))

@@ -25,10 +25,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="replica config file (YAML or JSON)")
     parser.add_argument("--backend", choices=BACKENDS, default="local")
     parser.add_argument("--replicas", type=int, default=2, help="number of DiLoCo replicas (default 2)")
-    parser.add_argument("--gpu", default=None, help="backend GPU spec (modal 'H100', hf-jobs flavor, sagemaker instance type, eks count)")
-    parser.add_argument("--timeout", type=int, default=3600, help="seconds each replica may run (default 3600)")
-    parser.add_argument("--run-dir", default=None, help="local run directory (local backend; default runs/<run_id>)")
-    parser.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE", help="executor option, repeatable")
+    parser.add_argument(
+        "--gpu",
+        default=None,
+        help="backend GPU spec (modal 'H100', hf-jobs flavor, sagemaker instance type, eks count)",
+    )
+    parser.add_argument(
+        "--timeout", type=int, default=3600, help="seconds each replica may run (default 3600)"
+    )
+    parser.add_argument(
+        "--run-dir", default=None, help="local run directory (local backend; default runs/<run_id>)"
+    )
+    parser.add_argument(
+        "-o",
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="executor option, repeatable",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print what would be launched and exit")
     parser.add_argument("--refresh", type=float, default=1.0, help="status refresh interval in seconds")
 
@@ -67,7 +82,10 @@ def _dry_run(executor: Any, backend: str, n: int, config: dict[str, Any], args: 
     kw = {"gpu": args.gpu, "timeout": args.timeout}
     if backend == "local":
         cfg_path = executor.run_dir / "replica-config.json"
-        body: Any = {"config": config, "commands": [executor.command(r, n, DEFAULT_ENTRYPOINT, cfg_path) for r in range(n)]}
+        body: Any = {
+            "config": config,
+            "commands": [executor.command(r, n, DEFAULT_ENTRYPOINT, cfg_path) for r in range(n)],
+        }
     elif backend == "modal":
         body = {"app": executor.app_name, "function": executor.function_options(**kw),
                 "spawn": [[DEFAULT_ENTRYPOINT, "<config>", r, n] for r in range(n)], "config": config}  # fmt: skip
@@ -143,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(_dry_run(executor, args.backend, args.replicas, config, args))
         return 0
-    handles = executor.launch_replicas(args.replicas, DEFAULT_ENTRYPOINT, config, gpu=args.gpu, timeout=args.timeout)
+    handles = executor.launch_replicas(
+        args.replicas, DEFAULT_ENTRYPOINT, config, gpu=args.gpu, timeout=args.timeout
+    )
     print(f"launched {len(handles)} replicas on {args.backend}", flush=True)
     try:
         results = watch(executor, handles, refresh=args.refresh)
@@ -153,7 +173,9 @@ def run(args: argparse.Namespace) -> int:
         raise
     failed = [r for r in results if r.state != "succeeded"]
     digests = {(r.value or {}).get("param_sha256") for r in results if r.state == "succeeded"}
-    print(f"{len(results) - len(failed)}/{len(results)} replicas succeeded; final parameter digests: {sorted(map(str, digests))}")
+    print(
+        f"{len(results) - len(failed)}/{len(results)} replicas succeeded; final parameter digests: {sorted(map(str, digests))}"
+    )
     for r in failed:
         print(f"replica {r.rank} {r.state}:\n{r.error or ''}", file=sys.stderr)
     return 1 if failed else 0

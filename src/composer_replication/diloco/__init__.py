@@ -38,7 +38,9 @@ def _validate_schedule(
 ) -> None:
     """Check the (Streaming) DiLoCo schedule up front, with errors that say what to change."""
     if n_fragments < 1:
-        raise ValueError("model_fragments is empty: pass [model] for DiLoCo or N modules for Streaming DiLoCo")
+        raise ValueError(
+            "model_fragments is empty: pass [model] for DiLoCo or N modules for Streaming DiLoCo"
+        )
     if sync_every < 1:
         raise ValueError(f"sync_every={sync_every} must be >= 1 (inner steps per outer round)")
     if sync_every < n_fragments or sync_every % n_fragments:

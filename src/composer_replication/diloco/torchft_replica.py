@@ -21,12 +21,18 @@ def run_torchft_replica(cfg: Any, *, rank: int, world_size: int, log: Any) -> di
     from torchft.process_group import ProcessGroupGloo
 
     from composer_replication.diloco import Manager, make_diloco_outer_loop
-    from composer_replication.diloco.serverless.replica_entrypoint import build_replica, inner_step, make_batch
+    from composer_replication.diloco.serverless.replica_entrypoint import (
+        build_replica,
+        inner_step,
+        make_batch,
+    )
     from composer_replication.diloco.serverless.simulate import params_sha256
 
     ft = cfg.torchft
     if ft is None:
-        raise ValueError("sync: torchft needs a `torchft` section with at least `lighthouse: http://HOST:PORT`")
+        raise ValueError(
+            "sync: torchft needs a `torchft` section with at least `lighthouse: http://HOST:PORT`"
+        )
     model, inner_opt = build_replica(cfg)
     timeout = timedelta(seconds=ft.timeout_s)
     store = TCPStore(ft.hostname, 0, is_master=True, wait_for_workers=False)
@@ -68,7 +74,9 @@ def run_torchft_replica(cfg: Any, *, rank: int, world_size: int, log: Any) -> di
         ):
             local_step = 0
             while manager.current_step() < cfg.rounds:
-                batch = make_batch(cfg, rank=rank, round_index=manager.current_step(), step=local_step % cfg.inner_steps)
+                batch = make_batch(
+                    cfg, rank=rank, round_index=manager.current_step(), step=local_step % cfg.inner_steps
+                )
                 loss = inner_step(cfg, model, inner_opt, batch)
                 local_step += 1
                 if local_step % cfg.inner_steps == 0:  # the step hook has just synced

@@ -30,7 +30,9 @@ def _k8s() -> Any:
     try:
         from kubernetes import client
     except ImportError as exc:
-        raise ImportError("the eks backend needs the kubernetes client: pip install 'composer-replication[eks]'") from exc
+        raise ImportError(
+            "the eks backend needs the kubernetes client: pip install 'composer-replication[eks]'"
+        ) from exc
     return client
 
 
@@ -52,7 +54,11 @@ class EKSExecutor:
         load_config: bool = True,
     ) -> None:
         self.image, self.namespace, self.job_name = image, namespace, job_name
-        self.gpu_resource, self.backoff_limit_per_index, self.secret_name = gpu_resource, backoff_limit_per_index, secret_name
+        self.gpu_resource, self.backoff_limit_per_index, self.secret_name = (
+            gpu_resource,
+            backoff_limit_per_index,
+            secret_name,
+        )
         self._load_config = load_config
 
     def build(
@@ -73,12 +79,20 @@ class EKSExecutor:
             image=self.image,
             command=["python", "-m", "composer_replication.diloco.serverless.replica_entrypoint"],
             args=[
-                "--entrypoint", entrypoint_name(entrypoint),
-                "--config-json", json.dumps(dict(entrypoint_args), sort_keys=True),
-                "--world-size", str(n_replicas),
+                "--entrypoint",
+                entrypoint_name(entrypoint),
+                "--config-json",
+                json.dumps(dict(entrypoint_args), sort_keys=True),
+                "--world-size",
+                str(n_replicas),
             ],  # fmt: skip
-            env=[c.V1EnvVar(name="WORLD_SIZE", value=str(n_replicas)), c.V1EnvVar(name="PYTHONUNBUFFERED", value="1")],
-            env_from=[c.V1EnvFromSource(secret_ref=c.V1SecretEnvSource(name=self.secret_name))] if self.secret_name else None,
+            env=[
+                c.V1EnvVar(name="WORLD_SIZE", value=str(n_replicas)),
+                c.V1EnvVar(name="PYTHONUNBUFFERED", value="1"),
+            ],
+            env_from=[c.V1EnvFromSource(secret_ref=c.V1SecretEnvSource(name=self.secret_name))]
+            if self.secret_name
+            else None,
             resources=c.V1ResourceRequirements(limits=limits) if limits else None,
         )
         job = c.V1Job(
@@ -139,7 +153,11 @@ class EKSExecutor:
         core.create_namespaced_service(self.namespace, service)
         batch.create_namespaced_job(self.namespace, job)
         return [
-            ReplicaHandle(rank=i, backend_name=self.backend_name, metadata={"job": self.job_name, "namespace": self.namespace})
+            ReplicaHandle(
+                rank=i,
+                backend_name=self.backend_name,
+                metadata={"job": self.job_name, "namespace": self.namespace},
+            )
             for i in range(n_replicas)
         ]
 
@@ -180,5 +198,12 @@ class EKSExecutor:
         for h in sorted(handles, key=lambda h: h.rank):
             logs = self.stream_logs(h, n_lines=50)
             ok = states[h.rank] == "succeeded"
-            out.append(ReplicaResult(rank=h.rank, state=states[h.rank], value=_last_json(logs), error=None if ok else logs[-2000:]))
+            out.append(
+                ReplicaResult(
+                    rank=h.rank,
+                    state=states[h.rank],
+                    value=_last_json(logs),
+                    error=None if ok else logs[-2000:],
+                )
+            )
         return out

@@ -51,7 +51,9 @@ def _hub() -> Any:
     try:
         import huggingface_hub
     except ImportError as exc:
-        raise ImportError("the hf-jobs backend needs huggingface_hub: pip install 'composer-replication[hf-jobs]'") from exc
+        raise ImportError(
+            "the hf-jobs backend needs huggingface_hub: pip install 'composer-replication[hf-jobs]'"
+        ) from exc
     return huggingface_hub
 
 
@@ -112,14 +114,20 @@ class HFJobsExecutor:
         timeout: int = 3600,
     ) -> list[ReplicaHandle]:
         handles = []
-        for rank, spec in enumerate(self.job_specs(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout)):
+        for rank, spec in enumerate(
+            self.job_specs(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout)
+        ):
             spec = {**spec, "secrets": {k: os.environ[k] for k in spec["secrets"]} or None}
             job = self._api.run_job(**spec)
             handles.append(
                 ReplicaHandle(
                     rank=rank,
                     backend_name=self.backend_name,
-                    metadata={"job_id": job.id, "namespace": self.namespace, "url": getattr(job, "url", None)},
+                    metadata={
+                        "job_id": job.id,
+                        "namespace": self.namespace,
+                        "url": getattr(job, "url", None),
+                    },
                 )
             )
         return handles

@@ -47,7 +47,11 @@ class LocalProcessExecutor:
     supports_inter_replica_network = True
 
     def __init__(
-        self, run_dir: str | os.PathLike[str] | None = None, *, python: str = sys.executable, env: Mapping[str, str] | None = None
+        self,
+        run_dir: str | os.PathLike[str] | None = None,
+        *,
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="diloco-local-"))
         self.python = python
@@ -75,8 +79,13 @@ class LocalProcessExecutor:
         if n_replicas < 1:
             raise ValueError(f"n_replicas={n_replicas} must be >= 1")
         if gpu:
-            raise ValueError("the local backend runs on this machine's CPU; drop --gpu or pick a cloud backend")
-        return [self.launch_one(rank, n_replicas, entrypoint, entrypoint_args, timeout=timeout) for rank in range(n_replicas)]
+            raise ValueError(
+                "the local backend runs on this machine's CPU; drop --gpu or pick a cloud backend"
+            )
+        return [
+            self.launch_one(rank, n_replicas, entrypoint, entrypoint_args, timeout=timeout)
+            for rank in range(n_replicas)
+        ]
 
     def launch_one(
         self,

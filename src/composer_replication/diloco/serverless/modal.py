@@ -32,7 +32,9 @@ def _modal() -> Any:
     try:
         import modal
     except ImportError as exc:
-        raise ImportError("the modal backend needs the modal SDK: pip install 'composer-replication[modal]'") from exc
+        raise ImportError(
+            "the modal backend needs the modal SDK: pip install 'composer-replication[modal]'"
+        ) from exc
     return modal
 
 

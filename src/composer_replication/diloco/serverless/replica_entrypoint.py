@@ -64,7 +64,9 @@ class ReplicaConfig(_Strict):
     run_id: str = Field("diloco", pattern=r"^[A-Za-z0-9._-]+$")
     run_dir: str | None = Field(None, description="local directory for logs, checkpoints and results")
     sync: Literal["object_store", "torchft"] = "object_store"
-    store: dict[str, Any] | None = Field(None, description='{"type": "local", "root": ...} or {"type": "s3", ...}')
+    store: dict[str, Any] | None = Field(
+        None, description='{"type": "local", "root": ...} or {"type": "s3", ...}'
+    )
     torchft: TorchftConfig | None = None
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -97,7 +99,9 @@ def _loss_fn() -> Any:
 def make_batch(cfg: ReplicaConfig, *, rank: int, round_index: int, step: int) -> torch.Tensor:
     """Deterministic, learnable token sequences (arithmetic progressions mod V) for (rank, round, step)."""
     d, v = cfg.data, cfg.model.vocab_size
-    g = torch.Generator().manual_seed(((d.seed * 1_000_003 + rank) * 1_000_003 + round_index) * 1_000_003 + step)
+    g = torch.Generator().manual_seed(
+        ((d.seed * 1_000_003 + rank) * 1_000_003 + round_index) * 1_000_003 + step
+    )
     start = torch.randint(0, v, (d.batch_size, 1), generator=g)
     stride = torch.randint(1, 8, (d.batch_size, 1), generator=g)
     return (start + stride * torch.arange(d.seq_len)) % v
@@ -122,7 +126,9 @@ def build_replica(cfg: ReplicaConfig) -> tuple[torch.nn.Module, torch.optim.Opti
     return model, torch.optim.AdamW(model.parameters(), lr=cfg.inner_lr, betas=(0.9, 0.95), weight_decay=0.1)
 
 
-def inner_step(cfg: ReplicaConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, batch_BT: torch.Tensor) -> float:
+def inner_step(
+    cfg: ReplicaConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, batch_BT: torch.Tensor
+) -> float:
     """One inner optimizer step of next-token cross-entropy; returns the loss."""
     logits_BTV = model(input_ids=batch_BT[:, :-1]).logits
     loss = -_loss_fn()(logits_BTV, batch_BT[:, 1:]).mean()
@@ -181,7 +187,9 @@ def _run_object_store(cfg: ReplicaConfig, rank: int, world_size: int, log: _Log)
     from composer_replication.diloco.serverless.store import make_store
 
     if cfg.store is None:
-        raise ValueError("sync: object_store needs a `store` ({'type': 'local', 'root': ...} or {'type': 's3', ...})")
+        raise ValueError(
+            "sync: object_store needs a `store` ({'type': 'local', 'root': ...} or {'type': 's3', ...})"
+        )
     store = make_store(cfg.store)
     model, inner_opt = build_replica(cfg)
     outer = OuterOptimizer(
@@ -271,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", help="resolved config, JSON or YAML")
     src.add_argument("--config-json", help="resolved config as an inline JSON string")
-    p.add_argument("--rank", type=int, default=None, help="default: $JOB_COMPLETION_INDEX, $REPLICA_RANK, $RANK")
+    p.add_argument(
+        "--rank", type=int, default=None, help="default: $JOB_COMPLETION_INDEX, $REPLICA_RANK, $RANK"
+    )
     p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
     p.add_argument("--result-file", help="write the JSON summary here too")
     p.add_argument(

@@ -23,7 +23,13 @@ from composer_replication.diloco.serverless.hf_jobs import _last_json, replica_c
 
 __all__ = ["SageMakerExecutor"]
 
-_STATUS = {"InProgress": "running", "Completed": "succeeded", "Failed": "failed", "Stopping": "running", "Stopped": "cancelled"}
+_STATUS = {
+    "InProgress": "running",
+    "Completed": "succeeded",
+    "Failed": "failed",
+    "Stopping": "running",
+    "Stopped": "cancelled",
+}
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
@@ -55,7 +61,9 @@ class SageMakerExecutor:
             try:
                 import boto3
             except ImportError as exc:
-                raise ImportError("the sagemaker backend needs boto3: pip install 'composer-replication[sagemaker]'") from exc
+                raise ImportError(
+                    "the sagemaker backend needs boto3: pip install 'composer-replication[sagemaker]'"
+                ) from exc
             client = client or boto3.client("sagemaker", region_name=region, endpoint_url=endpoint_url)
             logs_client = logs_client or boto3.client("logs", region_name=region, endpoint_url=endpoint_url)
         self.client, self.logs = client, logs_client
@@ -107,7 +115,9 @@ class SageMakerExecutor:
         timeout: int = 3600,
     ) -> list[ReplicaHandle]:
         handles = []
-        for rank, req in enumerate(self.requests(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout)):
+        for rank, req in enumerate(
+            self.requests(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout)
+        ):
             resp = self.client.create_training_job(**req)
             handles.append(
                 ReplicaHandle(

@@ -65,7 +65,9 @@ class OuterOptimizer:
                 p.copy_(self.params[name])
 
 
-def pseudo_gradient(global_params: Mapping[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def pseudo_gradient(
+    global_params: Mapping[str, torch.Tensor], model: torch.nn.Module
+) -> dict[str, torch.Tensor]:
     """``theta_global - theta_local`` per parameter (the direction the outer step descends)."""
     return {name: global_params[name].detach() - p.detach() for name, p in model.named_parameters()}
 
@@ -102,7 +104,10 @@ def simulate_diloco(config: Mapping[str, Any], world_size: int) -> dict[str, Any
     torch.set_num_threads(cfg.num_threads)
     replicas = [build_replica(cfg) for _ in range(world_size)]
     outer = OuterOptimizer(
-        dict(replicas[0][0].named_parameters()), lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.nesterov
+        dict(replicas[0][0].named_parameters()),
+        lr=cfg.outer_lr,
+        momentum=cfg.outer_momentum,
+        nesterov=cfg.nesterov,
     )
     losses: list[list[float]] = [[] for _ in range(world_size)]
     for r in range(cfg.rounds):

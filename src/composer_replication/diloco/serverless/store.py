@@ -165,7 +165,11 @@ class S3Store:
         for attempt in range(8):
             try:
                 self.client.put_object(
-                    Bucket=self.bucket, Key=self._key(key), Body=data, Metadata=dict(metadata or {}), IfNoneMatch="*"
+                    Bucket=self.bucket,
+                    Key=self._key(key),
+                    Body=data,
+                    Metadata=dict(metadata or {}),
+                    IfNoneMatch="*",
                 )
                 return True
             except ClientError as exc:
@@ -180,7 +184,9 @@ class S3Store:
         return False  # pragma: no cover - the loop returns or raises
 
     def put(self, key: str, data: bytes, *, metadata: Mapping[str, str] | None = None) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, Metadata=dict(metadata or {}))
+        self.client.put_object(
+            Bucket=self.bucket, Key=self._key(key), Body=data, Metadata=dict(metadata or {})
+        )
 
     def get(self, key: str) -> tuple[bytes, dict[str, str]]:
         from botocore.exceptions import ClientError
