@@ -284,21 +284,22 @@ def run_rollouts(
     return results
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python3 -m composer_replication.datagen.rollout``: bundled tasks under the oracle or a HF model."""
-    p = argparse.ArgumentParser(prog="composer-replication rollout", description=__doc__.split("\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """CLI options (``composer-replication rollout`` and ``python3 -m composer_replication.datagen.rollout``)."""
     p.add_argument("--out", required=True, help="output directory (sessions/ and rollouts.jsonl)")
     p.add_argument("--tasks", nargs="*", help="bundled task names (default: all)")
     p.add_argument("--policy", default="oracle", help="'oracle' or a path to a HF model directory")
     p.add_argument("--sandbox", choices=["bwrap", "docker", "podman"], default=None)
     p.add_argument("--stop-file", default=None, help="stop (exit 3) when this file exists")
     p.add_argument("--max-turns", type=int, default=8)
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the rollouts; raises `KillSwitchTriggered` (exit code 3 in the CLI) when the switch fires."""
     available = bundled_tasks()
     unknown = set(args.tasks or []) - set(available)
     if unknown:
-        print(f"error: unknown task(s) {sorted(unknown)}; bundled: {sorted(available)}", file=sys.stderr)
-        return 1
+        raise ValueError(f"unknown task(s) {sorted(unknown)}; bundled: {sorted(available)}")
     tasks = [available[n] for n in (args.tasks or sorted(available))]
     if args.policy == "oracle":
         policy_for: Callable[[Task], Policy] = oracle_policy
@@ -311,21 +312,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy_for = lambda task: hf  # noqa: E731
     out = Path(args.out)
     with KillSwitch(stop_file=args.stop_file, log_path=out / "kill_switch.jsonl") as switch:
-        try:
-            results = run_rollouts(
-                tasks,
-                policy_for,
-                out,
-                kill_switch=switch,
-                max_turns=args.max_turns,
-                sandbox_factory=lambda: make_sandbox(args.sandbox),
-            )
-        except KillSwitchTriggered as e:
-            print(f"stopped: {e.reason}", file=sys.stderr)
-            return e.exit_code
+        results = run_rollouts(
+            tasks,
+            policy_for,
+            out,
+            kill_switch=switch,
+            max_turns=args.max_turns,
+            sandbox_factory=lambda: make_sandbox(args.sandbox),
+        )
     for r in results:
         print(json.dumps({"rollout_id": r.rollout_id, "status": r.status, "reward": r.reward}))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python3 -m composer_replication.datagen.rollout", description=__doc__.split("\n")[0]
+    )
+    add_arguments(p)
+    try:
+        return run(p.parse_args(argv))
+    except KillSwitchTriggered as e:
+        print(f"stopped: {e.reason}", file=sys.stderr)
+        return e.exit_code
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
