@@ -95,8 +95,20 @@ def _binary_search(rng: random.Random) -> dict[str, Any]:
 _SCENARIOS = {"factorial": _factorial, "binary_search": _binary_search}
 
 
+def _without_system(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    # For templates that reject a system role (e.g. Gemma's): fold it into the first user message.
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    rest[0]["content"] = f"{system}\n\n{rest[0]['content']}"
+    return rest
+
+
 def _encode(tokenizer: Any, messages: list[dict[str, str]], response: str) -> tuple[list[int], list[int]]:
     """Prompt ids and response ids, tokenised separately so the response tokens never depend on the prompt."""
+    try:
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - jinja raises TemplateError (or others) for an unsupported role
+        messages = _without_system(messages)
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     full = tokenizer.apply_chat_template(
         [*messages, {"role": "assistant", "content": response}], tokenize=False

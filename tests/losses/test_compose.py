@@ -276,3 +276,20 @@ def test_smoke_command_prints_each_channel_per_step(capsys):
     assert [ln[0] for ln in lines] == ["0", "1"]
     assert "lm_ce" in out and "sdpo" in out and "pref" in out
     assert all(float(x) > 0 for ln in lines for x in ln[2:4])
+
+
+def test_build_batch_with_a_template_that_rejects_system_messages(tiny_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{{ '<start_of_turn>' + m['role'] + '\n' + m['content'] + '<end_of_turn>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<start_of_turn>assistant\n' }}{% endif %}"
+    )
+    b = build_batch(tok, variant="binary_search")
+    text = tok.decode(b["input_ids"][0])
+    assert "<start_of_turn>system" not in text and "You are a coding agent" in text
+    resp = tok.decode(b["input_ids"][0][b["response_mask"][0].bool()])
+    assert resp.startswith("[TOOL_USE] name=Edit")
