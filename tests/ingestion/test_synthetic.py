@@ -199,3 +199,21 @@ def test_codex_pre_058_bare_format(tmp_path: Path) -> None:
     assert states[0]["student_action"].startswith("[THINKING] plan\n\n[TOOL_USE] name=shell input=")
     assert states[1]["student_action"] == '[TOOL_USE] name=shell input={"raw_arguments": "{not json"}'
     assert s.n_lines == s.n_records_total + s.skipped_truncated_lines
+
+
+def test_state_writer_matches_plain_json(tmp_path: Path) -> None:
+    """The incremental writer (shared history bytes) writes exactly what json.dumps of each state would."""
+    import io
+
+    from composer_replication.ingestion import _write_states
+
+    cc = CC()
+    for i in range(12):
+        cc.user(f"prompt {i} " + "w " * 40)
+        cc.assistant([text(f"reply {i}")])
+    p = cc.write(tmp_path / "w.jsonl")
+    for mht in (None, 120):
+        states = list(ClaudeCodeIngester(max_history_tokens=mht).ingest(p))
+        buf = io.BytesIO()
+        _write_states(buf, states)
+        assert [json.loads(x) for x in buf.getvalue().splitlines()] == json.loads(json.dumps(states))

@@ -190,23 +190,40 @@ def ingest_paths(
 
 
 def _write_states(fh: Any, states: list[dict[str, Any]]) -> None:
-    """Write state rows; each message's JSON is encoded once and reused by every later state."""
+    """Write state rows. Each message is encoded once; a state whose history extends the previous state's
+    (the common case) reuses the previous encoded history instead of re-joining every message."""
     cache: dict[int, bytes] = {}
     dumps = orjson.dumps
+    prev_ids: list[int] = []
+    prev_body = b""
     for st in states:
-        parts = []
-        for m in st["messages"]:
-            b = cache.get(id(m))
-            if b is None:
-                b = cache[id(m)] = dumps(m)
-            parts.append(b)
+        msgs = st["messages"]
+        ids = [id(m) for m in msgs]
+        n = len(prev_ids)
+        if n and len(ids) >= n and ids[:n] == prev_ids:
+            new = msgs[n:]
+            body = prev_body + b"".join(b"," + _enc(m, cache, dumps) for m in new) if new else prev_body
+        else:
+            body = b",".join(_enc(m, cache, dumps) for m in msgs)
+        prev_ids, prev_body = ids, body
         rest = {k: v for k, v in st.items() if k not in ("state_id", "messages")}
         fh.write(
-            b'{"state_id":'
-            + dumps(st["state_id"])
-            + b',"messages":['
-            + b",".join(parts)
-            + b"],"
-            + dumps(rest)[1:]
-            + b"\n"
+            b"".join(
+                (
+                    b'{"state_id":',
+                    dumps(st["state_id"]),
+                    b',"messages":[',
+                    body,
+                    b"],",
+                    dumps(rest)[1:],
+                    b"\n",
+                )
+            )
         )
+
+
+def _enc(m: dict[str, Any], cache: dict[int, bytes], dumps: Any) -> bytes:
+    b = cache.get(id(m))
+    if b is None:
+        b = cache[id(m)] = dumps(m)
+    return b

@@ -106,7 +106,9 @@ def render_action(blocks: list[Block], *, thinking: bool) -> str:
             if b.text.strip():
                 parts.append(b.text)
         elif b.kind == "tool_use":
-            parts.append(f"[TOOL_USE] name={b.name} input={json.dumps(b.input, ensure_ascii=False)}")
+            if not b.text:  # the rendered call, cached on the block (each turn is rendered twice)
+                b.text = f"[TOOL_USE] name={b.name} input={json.dumps(b.input, ensure_ascii=False)}"
+            parts.append(b.text)
         elif b.kind == "thinking" and thinking and b.text.strip():
             parts.append(f"[THINKING] {b.text}")
     return "\n\n".join(parts)

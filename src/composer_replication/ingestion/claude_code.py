@@ -111,6 +111,7 @@ class ClaudeCodeIngester:
     ) -> list[list[list[Event]]]:
         local: set[str] = set()
         kept: list[dict[str, Any]] = []
+        last_version: Any = None
         for rec in records:
             if not _well_formed(rec):
                 stats.n_malformed_records += 1
@@ -128,8 +129,10 @@ class ClaudeCodeIngester:
                     stats.n_duplicates += 1
                     continue
                 local.add(uid)
-            if "version" in rec:
-                check_version(rec["version"], *TESTED_VERSIONS, "Claude Code", path, stats.version_warnings)
+            v = rec.get("version")
+            if v is not None and v != last_version:
+                last_version = v
+                check_version(v, *TESTED_VERSIONS, "Claude Code", path, stats.version_warnings)
             kept.append(rec)
         if seen is not None:
             seen.update(local)
@@ -320,12 +323,17 @@ _STR_OR_NONE = ("uuid", "parentUuid", "logicalParentUuid", "type", "subtype")
 
 def _well_formed(r: dict[str, Any]) -> bool:
     """The envelope fields the parser relies on have usable types (anything else passes through)."""
-    if any(not isinstance(r.get(k), (str, type(None))) for k in _STR_OR_NONE):
-        return False
+    for k in _STR_OR_NONE:
+        v = r.get(k)
+        if v is not None and type(v) is not str:
+            return False
     m = r.get("message")
     if m is None:
         return True
-    return isinstance(m, dict) and isinstance(m.get("id"), (str, type(None)))
+    if type(m) is not dict:
+        return False
+    mid = m.get("id")
+    return mid is None or type(mid) is str
 
 
 def _is_api_error(r: dict[str, Any]) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 # (type, anchors, regex matched AT an anchor, value group (0 = the whole match), needs a word boundary before).
@@ -139,22 +140,17 @@ class Redactor:
         if not self.enabled or len(text) < 8:
             return text
         spans: list[tuple[int, int, int, str]] = []
-        for anchor, pats in _BY_ANCHOR.items():
-            pos = text.find(anchor)
-            while pos != -1:
-                nxt = pos + 1
-                for prio, name, rx, group, wb, back in pats:
-                    # The match starts at most `back` characters before the anchor.
-                    for st in range(max(0, pos - back), pos + 1):
-                        if wb and st and (text[st - 1].isalnum() or text[st - 1] == "_"):
-                            continue
-                        m = rx.match(text, st)
-                        if m is not None:
-                            g = group if group != -1 else (1 if m.group(1) is not None else 2)
-                            spans.append((m.start(g), m.end(g), prio, name))
-                            nxt = max(nxt, m.end())
-                            break
-                pos = text.find(anchor, nxt)
+        for pos, anchor in _anchor_hits(text):
+            for prio, name, rx, group, wb, back in _BY_ANCHOR[anchor]:
+                # The match starts at most `back` characters before the anchor.
+                for st in range(max(0, pos - back), pos + 1):
+                    if wb and st and (text[st - 1].isalnum() or text[st - 1] == "_"):
+                        continue
+                    m = rx.match(text, st)
+                    if m is not None:
+                        g = group if group != -1 else (1 if m.group(1) is not None else 2)
+                        spans.append((m.start(g), m.end(g), prio, name))
+                        break
         if not spans:
             return text
         spans.sort()
@@ -178,6 +174,34 @@ class Redactor:
         if isinstance(obj, list):
             return [self.redact_obj(v) for v in obj]
         return obj
+
+
+def _build_automaton() -> Any:
+    try:
+        import ahocorasick  # pyahocorasick: one C pass for all anchors instead of one str.find per anchor
+    except ImportError:
+        return None
+    automaton = ahocorasick.Automaton()
+    for anchor in _BY_ANCHOR:
+        automaton.add_word(anchor, anchor)
+    automaton.make_automaton()
+    return automaton
+
+
+_AUTOMATON = _build_automaton()
+
+
+def _anchor_hits(text: str) -> Iterator[tuple[int, str]]:
+    """``(start, anchor)`` for every anchor occurrence (any order; overlaps are merged by the caller)."""
+    if _AUTOMATON is not None:
+        for end, anchor in _AUTOMATON.iter(text):
+            yield end - len(anchor) + 1, anchor
+        return
+    for anchor in _BY_ANCHOR:
+        pos = text.find(anchor)
+        while pos != -1:
+            yield pos, anchor
+            pos = text.find(anchor, pos + 1)
 
 
 def redact_text(text: str) -> str:
