@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sdpo-wrapper", choices=["none", "taid", "entropy_opd"], default="none",
                         help="'taid' drives t with TAIDScheduler")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
     )
@@ -56,13 +57,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         model, tokenizer = load_default_model()
         name = "SmolLM2-135M-Instruct"
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(device)
     lr = args.lr if args.lr is not None else (1e-3 if args.tiny else 5e-5)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {name} ({n_params / 1e6:.1f}M params), loaded in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"model: {name} ({n_params / 1e6:.1f}M params) on {device}, loaded in {time.perf_counter() - t0:.1f}s"
+    )
 
     model.train()
     # Reference log-probs from the initial policy, taken before any update (what DPO's reference means).
-    batches = [build_batch(tokenizer, variant=v, seed=args.seed, ref_model=model) for v in VARIANTS]
+    batches = [
+        build_batch(tokenizer, variant=v, seed=args.seed, ref_model=model, device=device) for v in VARIANTS
+    ]
     for v, b in zip(VARIANTS, batches):
         print(f"batch {v}: {tuple(b['input_ids'].shape)} student, {tuple(b['ctx_teacher_input_ids'].shape)} "
               f"teacher, {int(b['response_mask'].sum())} response tokens")  # fmt: skip
