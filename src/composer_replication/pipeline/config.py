@@ -286,7 +286,10 @@ def load_run_config(path: str | os.PathLike[str], overrides: dict[str, Any] | No
         lines = [f"{path}: invalid config:"]
         for err in exc.errors():
             loc = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  {loc}: {err['msg']}")
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (check the spelling; docs/configuration.md lists every field)"
+            lines.append(f"  {loc}: {msg}")
         raise ValueError("\n".join(lines)) from None
 
 
