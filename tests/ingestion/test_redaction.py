@@ -225,3 +225,13 @@ def test_redaction_is_idempotent_and_counts() -> None:
     n = sum(r.counts.values())
     assert r.redact(once) == once and sum(r.counts.values()) == n
     assert os.environ.get("NOT_A_SECRET") is None  # the test never reads real credentials
+
+
+def test_find_fallback_matches_automaton(monkeypatch) -> None:
+    """Without pyahocorasick the str.find scan gives the same result."""
+    from composer_replication.ingestion import redact as R
+
+    blob = "\n".join(t for _, t, _ in planted()) + "\nplain text with token_type = 'x' and https://example.com/a"
+    with_auto = Redactor().redact(blob)
+    monkeypatch.setattr(R, "_AUTOMATON", None)
+    assert Redactor().redact(blob) == with_auto
