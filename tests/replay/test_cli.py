@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from composer_replication._io import read_jsonl, write_jsonl_atomic
 from composer_replication.cli.main import main
 from composer_replication.teacher_replay.fake_server import Reply
@@ -56,3 +58,25 @@ def test_cli_bad_teacher_price(tmp_path, capsys):
         ["replay", str(states), "--out", str(tmp_path), "--max-usd", "1", "--teachers", "x/y", "--dry-run"]
     )
     assert code == 1 and "x/y=IN:OUT" in capsys.readouterr().err
+
+
+def test_teacher_config_file(tmp_path):
+    import argparse
+
+    from composer_replication.cli.replay import add_arguments, load_teachers
+
+    cfg = tmp_path / "teachers.yaml"
+    cfg.write_text(
+        "teachers:\n  - {slug: local/q, input_per_mtok: 0, output_per_mtok: 0, base_url: 'http://127.0.0.1:9/v1'}\n"
+        "  - {slug: openai/gpt-5, input_per_mtok: 1.25, output_per_mtok: 10, api_key_env: MY_KEY}\n"
+    )
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["s.jsonl", "--out", "o", "--max-usd", "1", "--config", str(cfg)])
+    teachers = load_teachers(args)
+    assert [t["slug"] for t in teachers] == ["local/q", "openai/gpt-5"] and teachers[1][
+        "api_key_env"
+    ] == "MY_KEY"
+    cfg.write_text("- {input_per_mtok: 1}\n")
+    with pytest.raises(ValueError, match="list of teacher specs"):
+        load_teachers(args)

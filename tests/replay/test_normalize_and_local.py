@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from composer_replication.replaysim import DJNormalizer, NormalizedDPOPair, replay_and_normalize_trace
+from composer_replication.replaysim.normalize import replay_and_normalize_trace_sync
 from composer_replication.teacher_replay import replay_trace
 from composer_replication.teacher_replay.fake_server import Reply
 
@@ -99,6 +100,10 @@ def test_skip_dj_end_to_end_against_loopback(fake_openrouter):
     assert len(norm) == 3 and all(isinstance(p, NormalizedDPOPair) for p in norm)
     assert all(p.metadata == {"skipped": True} and p.n_teachers_agreeing == 2 for p in norm)
     assert norm[0].chosen_messages[0]["content"] == READ
+    raw2, norm2 = replay_and_normalize_trace_sync(
+        states=make_states(3), teachers=teachers, max_total_usd=1.0, normalizer=DJNormalizer(skip_dj=True)
+    )
+    assert [p.state_id for p in norm2] == [p.state_id for p in norm] and len(raw2) == 9
 
 
 def test_transformers_backend_with_tiny_model(tiny_model_dir):

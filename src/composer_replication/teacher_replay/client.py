@@ -345,7 +345,9 @@ async def replay_states(
             report.n_sent += row["error"] is None or not str(row["error"]).startswith("not sent")
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix_str(f"spent ${ledger.spent_usd:.4f} of ${ledger.max_total_usd:.2f}", refresh=False)
+                bar.set_postfix_str(
+                    f"spent ${ledger.spent_usd:.4f} of ${ledger.max_total_usd:.2f}", refresh=False
+                )
 
         try:
             await asyncio.gather(*(tracked(c) for c in todo))
