@@ -85,3 +85,13 @@ def test_bad_config_names_the_field(tmp_path):
     p = cli("run", str(cfg), "--out", str(tmp_path / "r"))
     assert p.returncode == 1
     assert "replay.max_total_usd" in p.stderr and "replay.teachrs" in p.stderr and str(cfg) in p.stderr
+
+
+def test_dry_run_prices_replay_without_sending(tmp_path, teacher_server):
+    cfg = reduced_config(tmp_path, teacher_server.url)
+    p = cli("run", str(cfg), "--out", str(tmp_path / "run"), "--dry-run")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "replay would send 6 calls (0 already cached) for 2 states" in p.stdout
+    assert "test/agree-a" in p.stdout and "cap $1.00" in p.stdout
+    assert sum(teacher_server.calls.values()) == 0
+    assert not (tmp_path / "run" / "replay").exists()

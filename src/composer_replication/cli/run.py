@@ -27,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--until", metavar="STAGE", help="stop after this stage")
     p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="ingest and split, then print what replay would cost (worst case and expected) without sending anything",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -57,6 +62,20 @@ def run(args: argparse.Namespace) -> int:
     run_dir = args.out or cfg.run_dir
     if not run_dir:
         raise ValueError(f"{args.config}: no run directory; set `run_dir` in the config or pass --out DIR")
+    if args.dry_run:
+        from composer_replication.pipeline.stages import price_replay
+
+        price = price_replay(cfg, run_dir)
+        print(
+            f"replay would send {price['calls_to_send']} calls ({price['calls_cached']} already cached) "
+            f"for {price['states']} states: expected ${price['expected_usd']:.4f}, worst case "
+            f"${price['worst_case_usd']:.4f}; cap ${price['max_total_usd']:.2f}"
+        )
+        for slug, t in price["per_teacher"].items():
+            print(
+                f"  {slug:<32} {t['calls']:>5} calls  expected ${t['expected_usd']:.4f}  worst ${t['worst_usd']:.4f}"
+            )
+        return 0
     report = run_pipeline(cfg, run_dir, force=args.force, until=args.until)
     if report is not None:
         print(f"report: {report}")

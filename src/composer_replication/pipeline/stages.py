@@ -348,6 +348,22 @@ def run_pipeline(
     return report if report.exists() else None
 
 
+def price_replay(config: RunConfig, run_dir: str | Path, *, log: Any = print) -> dict[str, Any]:
+    """Run ingest and split, then price the replay stage without sending anything (``run --dry-run``).
+
+    Calls already in the run's cache are excluded: the figure is what ``run`` would pay from here.
+    """
+    from composer_replication.teacher_replay.client import price_run
+
+    run_dir = Path(run_dir)
+    Runner(run_dir, config, build_stages(), log=log).run(until="split")
+    ctx = RunContext(run_dir, config, log=log)
+    states = replay_selection(ctx)
+    return {"states": len(states), "max_total_usd": config.replay.max_total_usd,
+            **price_run(states, teacher_specs(ctx), max_tokens=config.replay.max_tokens,
+                        cache_path=ctx.path("replay", "cache.jsonl"))}  # fmt: skip
+
+
 def demo_config(*, fast: bool = False) -> RunConfig:
     """The bundled demo: example sessions, SmolLM2 student (``fast``: tiny models), in-process teachers."""
     from importlib import resources
