@@ -27,6 +27,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -95,6 +96,12 @@ def fixed_order_mean(
 def _finite(t: torch.Tensor) -> bool:
     """No NaN or inf in ``t``: one float64 sum (NaN/inf propagate; finite fp32 values cannot overflow it)."""
     return not t.is_floating_point() or math.isfinite(float(t.sum(dtype=torch.float64)))
+
+
+def _fetch(store: ObjectStore, key: str, like: Mapping[str, torch.Tensor]):
+    blob, meta = store.get(key)
+    parsed, why = _validate(blob, meta, like)
+    return parsed, why, meta
 
 
 def _validate(
@@ -176,44 +183,47 @@ def object_store_allreduce(
     rejected: dict[int, str] = {}
     manifest: dict | None = None
     writer: int | None = None
-    while manifest is None:
-        try:
-            manifest = json.loads(store.get(f"{prefix}/{MANIFEST}")[0])
-            break
-        except KeyError:
-            pass
-        for key in store.list(f"{prefix}/delta/"):
-            r = int(key.rsplit("/", 1)[1].split(".", 1)[0])
-            if r in valid or r in rejected or not 0 <= r < world_size:
-                continue
-            blob, m = store.get(key)
-            parsed, why = _validate(blob, m, like)
-            if parsed is None:
-                rejected[r] = why
-            else:
-                valid[r] = (parsed, m["sha256"], float(m.get("weight", "1.0")))
-        now = clock() - start
-        if len(valid) == world_size or (now >= deadline_s and len(valid) >= min_participants):
-            ranks = sorted(valid)
-            proposal = {
-                "round": round_index,
-                "participants": ranks,
-                "sha256": {str(r): valid[r][1] for r in ranks},
-                "weights": {str(r): valid[r][2] for r in ranks},
-                "rejected": {str(r): why for r, why in sorted(rejected.items())},
-                "writer": rank,
-            }
-            body = json.dumps(proposal, sort_keys=True).encode()
-            if store.put_if_absent(f"{prefix}/{MANIFEST}", body, metadata={"sha256": _sha256(body)}):
-                manifest = proposal
-            continue  # lost the race (or won): read the winner on the next pass
-        if now >= timeout_s:
-            raise AllReduceError(
-                f"round {round_index} of {run_id!r}: no manifest after {timeout_s:.0f}s; "
-                f"{len(valid)} valid uploads (need {min_participants}), rejected {rejected} "
-                f"on {store.describe()}"
-            )
-        time.sleep(poll_interval_s)
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="allreduce-get") as pool:
+        while manifest is None:
+            try:
+                manifest = json.loads(store.get(f"{prefix}/{MANIFEST}")[0])
+                break
+            except KeyError:
+                pass
+            new = {}
+            for key in store.list(f"{prefix}/delta/"):
+                r = int(key.rsplit("/", 1)[1].split(".", 1)[0])
+                if r not in valid and r not in rejected and 0 <= r < world_size:
+                    new[r] = key
+            # fetch and check the new uploads concurrently: GETs wait on the network, and sha256 and
+            # the torch checks release the GIL
+            for r, (parsed, why, m) in zip(new, pool.map(lambda k: _fetch(store, k, like), new.values())):
+                if parsed is None:
+                    rejected[r] = why
+                else:
+                    valid[r] = (parsed, m["sha256"], float(m.get("weight", "1.0")))
+            now = clock() - start
+            if len(valid) == world_size or (now >= deadline_s and len(valid) >= min_participants):
+                ranks = sorted(valid)
+                proposal = {
+                    "round": round_index,
+                    "participants": ranks,
+                    "sha256": {str(r): valid[r][1] for r in ranks},
+                    "weights": {str(r): valid[r][2] for r in ranks},
+                    "rejected": {str(r): why for r, why in sorted(rejected.items())},
+                    "writer": rank,
+                }
+                body = json.dumps(proposal, sort_keys=True).encode()
+                if store.put_if_absent(f"{prefix}/{MANIFEST}", body, metadata={"sha256": _sha256(body)}):
+                    manifest = proposal
+                continue  # lost the race (or won): read the winner on the next pass
+            if now >= timeout_s:
+                raise AllReduceError(
+                    f"round {round_index} of {run_id!r}: no manifest after {timeout_s:.0f}s; "
+                    f"{len(valid)} valid uploads (need {min_participants}), rejected {rejected} "
+                    f"on {store.describe()}"
+                )
+            time.sleep(poll_interval_s)
 
     writer = manifest.get("writer")
     contributions: dict[int, dict[str, torch.Tensor]] = {}
