@@ -148,6 +148,7 @@ def _replay(ctx: RunContext) -> dict[str, Any]:
             stop=ctx.stop, progress=True,
         )
     )  # fmt: skip
+    _release_local_teachers()
     write_jsonl_atomic(ctx.path("replay", "teacher_calls.jsonl"), rep.results)
     return {
         "states": len(states),
@@ -158,6 +159,22 @@ def _replay(ctx: RunContext) -> dict[str, Any]:
         "spent_usd": round(rep.prior_usd + rep.spent_usd, 6),
         "stopped": rep.stopped or "",
     }
+
+
+def _release_local_teachers() -> None:
+    """Drop in-process teacher models once replay is done: training needs the memory more.
+
+    The transformers backend keeps loaded models in a module-level cache for the life of the process;
+    it has no public unload yet, so clear that cache (only if the backend was used at all).
+    """
+    import sys
+
+    mod = sys.modules.get("composer_replication.teacher_replay.backends.transformers_local")
+    if mod is not None and hasattr(mod, "_MODELS"):
+        mod._MODELS.clear()
+        import gc
+
+        gc.collect()
 
 
 def _pairs(ctx: RunContext) -> dict[str, Any]:
