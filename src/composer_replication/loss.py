@@ -31,6 +31,14 @@ from composer_replication.distillation.dpo import dpo_loss
 from composer_replication.distillation.entropy_aware_opd import entropy_aware_opd_loss
 from composer_replication.distillation.simpo import simpo_loss
 from composer_replication.distillation.taid import taid_loss
+from composer_replication.kernels.fused_linear import LMHead
+from composer_replication.kernels.hf import LogitsMode, hidden_states, resolve_logits_mode
+from composer_replication.kernels.seam import (
+    cross_entropy_rows,
+    sdpo_loss_rows,
+    sdpo_metrics_rows,
+    token_logprobs_any,
+)
 from composer_replication.opsd import align_sdpo_positions, generalized_jsd_loss
 
 __all__ = [
@@ -103,6 +111,25 @@ def model_logits(
     return model(input_ids=input_ids, **kwargs).logits
 
 
+def _forward(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits_mode: str | None
+) -> tuple[torch.Tensor, LMHead | None, str]:
+    """One forward on the chosen path: ``(logits or final hidden states, head or None, mode)``.
+
+    ``mode`` is ``"full"`` / ``"chunked"`` (logits) or ``"fused"`` (hidden states + head); see
+    :mod:`composer_replication.kernels.hf` for how ``"auto"`` decides.
+    """
+    mode, head = resolve_logits_mode(model, logits_mode, input_ids)
+    if mode == "fused":
+        return hidden_states(model, input_ids, attention_mask), head, mode
+    return model_logits(model, input_ids, attention_mask), None, mode
+
+
+def _given_logits_mode(logits_mode: str | None) -> str:
+    # Logits passed in by the caller: only the loss computation can still be chunked.
+    return "chunked" if logits_mode in ("chunked", "fused") else "full"
+
+
 def token_logprobs(logits_BTV: torch.Tensor, labels_BT: torch.Tensor) -> torch.Tensor:
     """``log softmax(logits)[label]`` per position, ``(B, T)``; 0 where the label is -100.
 
@@ -130,15 +157,23 @@ def sequence_logprobs(
     attention_mask: torch.Tensor | None = None,
     average: bool = False,
     logits: torch.Tensor | None = None,
+    logits_mode: LogitsMode | None = None,
 ) -> torch.Tensor:
     """``(B,)`` sum (or, with ``average``, mean) of the response tokens' log-probs under ``model``.
 
-    Pass ``logits`` to reuse a forward already done on ``input_ids``.
+    Pass ``logits`` to reuse a forward already done on ``input_ids``. ``logits_mode`` picks the
+    full-logits, chunked or fused-linear path (default ``"auto"``; see docs/large_vocab.md).
     """
     _check_ids("input_ids", input_ids, "response_mask", response_mask)
     if logits is None:
-        logits = model_logits(model, input_ids, attention_mask)
-    lp = token_logprobs(logits[:, :-1], _shifted_labels(input_ids, response_mask))
+        x, head, mode = _forward(model, input_ids, attention_mask, logits_mode)
+    else:
+        x, head, mode = logits, None, _given_logits_mode(logits_mode)
+    labels = _shifted_labels(input_ids, response_mask)
+    if mode == "full":
+        lp = token_logprobs(x[:, :-1], labels)
+    else:
+        lp = token_logprobs_any(x[:, :-1], labels, head=head)
     total = lp.sum(-1)
     if average:
         return total / response_mask[:, 1:].bool().sum(-1).clamp_min(1).to(total.dtype)
@@ -170,17 +205,35 @@ def lm_ce_channel(
     attention_mask: torch.Tensor | None = None,
     label_smoothing: float = 0.0,
     logits: torch.Tensor | None = None,
+    hidden: torch.Tensor | None = None,
+    head: LMHead | None = None,
+    logits_mode: LogitsMode | None = None,
 ) -> ChannelResult:
-    """Cross-entropy on the response tokens, mean per response token (0 with a gradient if there are none)."""
+    """Cross-entropy on the response tokens, mean per response token (0 with a gradient if there are none).
+
+    Reuse a forward with ``logits`` or with final ``hidden`` states + ``head`` (the fused path);
+    otherwise ``logits_mode`` picks the path for the forward done here.
+    """
     _check_ids("input_ids", input_ids, "response_mask", response_mask)
-    if logits is None:
-        logits = model_logits(model, input_ids, attention_mask)
+    if hidden is not None:
+        if head is None:
+            raise ValueError("lm_ce_channel(hidden=...) needs head= (kernels.hf.lm_head_of(model))")
+        x, mode = hidden, "fused"
+    elif logits is not None:
+        x, mode = logits, _given_logits_mode(logits_mode)
+    else:
+        x, head, mode = _forward(model, input_ids, attention_mask, logits_mode)
     keep = response_mask[:, 1:].bool()
-    rows = logits[:, :-1][keep]
+    rows = x[:, :-1][keep]
     n = rows.shape[0]
-    rows = rows.to(torch.promote_types(rows.dtype, torch.float32))
-    ce_sum = F.cross_entropy(rows, input_ids[:, 1:][keep], label_smoothing=label_smoothing, reduction="sum")
-    loss = ce_sum / max(n, 1)
+    if mode == "full":
+        rows = rows.to(torch.promote_types(rows.dtype, torch.float32))
+        ce_sum = F.cross_entropy(
+            rows, input_ids[:, 1:][keep], label_smoothing=label_smoothing, reduction="sum"
+        )
+        loss = ce_sum / max(n, 1)
+    else:
+        loss = cross_entropy_rows(rows, input_ids[:, 1:][keep], head=head, label_smoothing=label_smoothing)
     return ChannelResult(loss, n, {"lm_ce/tokens": float(n), "lm_ce/loss": float(loss.detach())})
 
 
@@ -205,8 +258,14 @@ def sdpo_channel(
     top_k: int | None = None,
     taid_t: float | None = None,
     h_max: float | None = None,
+    student_hidden: torch.Tensor | None = None,
+    head: LMHead | None = None,
+    logits_mode: LogitsMode | None = None,
 ) -> ChannelResult:
     """Self-distillation on the aligned response tokens, mean per token.
+
+    ``student_hidden`` + ``head`` reuse a fused-path forward (the teacher then also runs fused);
+    ``logits_mode`` picks the path otherwise (see docs/large_vocab.md).
 
     Student: ``model(input_ids)`` with grad (or ``student_logits``); teacher: ``model(ctx_teacher_input_ids)``
     under ``no_grad``. Positions come from :func:`align_sdpo_positions`. ``wrapper``: ``"none"`` =
@@ -221,14 +280,29 @@ def sdpo_channel(
     s_mask, t_mask = align_sdpo_positions(
         input_ids, ctx_teacher_input_ids, sdpo_loss_mask, response_mask, student_mask
     )
-    if student_logits is None:
-        student_logits = model_logits(model, input_ids, attention_mask)
+    if student_hidden is not None:
+        if head is None:
+            raise ValueError("sdpo_channel(student_hidden=...) needs head= (kernels.hf.lm_head_of(model))")
+        student_x, mode = student_hidden, "fused"
+    elif student_logits is not None:
+        student_x, mode = student_logits, _given_logits_mode(logits_mode)
+    else:
+        student_x, head, mode = _forward(model, input_ids, attention_mask, logits_mode)
     with torch.no_grad():
-        teacher_logits = model_logits(model, ctx_teacher_input_ids, teacher_attention_mask)
-    s = student_logits[:, :-1][s_mask[:, 1:]].unsqueeze(0)  # (1, N, V), paired in order with t
-    t = teacher_logits[:, :-1][t_mask[:, 1:]].unsqueeze(0).to(s.dtype)
+        if mode == "fused":
+            teacher_x = hidden_states(model, ctx_teacher_input_ids, teacher_attention_mask)
+        else:
+            teacher_x = model_logits(model, ctx_teacher_input_ids, teacher_attention_mask)
+    # (1, N, V) logits or (1, N, H) hidden rows, paired in order with t
+    s = student_x[:, :-1][s_mask[:, 1:]].unsqueeze(0)
+    t = teacher_x[:, :-1][t_mask[:, 1:]].unsqueeze(0).to(s.dtype)
     n = s.shape[1]
-    if wrapper == "none":
+    if mode != "full":
+        loss = sdpo_loss_rows(
+            s, t, head=head, wrapper=wrapper, jsd_beta=jsd_beta, temperature=temperature,
+            token_clip=token_clip, top_k=top_k, taid_t=taid_t, h_max=h_max,
+        )  # fmt: skip
+    elif wrapper == "none":
         loss = generalized_jsd_loss(
             s, t, beta=jsd_beta, temperature=temperature, top_k=top_k, token_clip=token_clip
         )
@@ -241,7 +315,9 @@ def sdpo_channel(
         loss = per_token.sum() / max(n, 1)
     metrics = {"sdpo/tokens": float(n), "sdpo/loss": float(loss.detach())}
     with torch.no_grad():
-        if n:
+        if n and mode != "full":
+            metrics.update(sdpo_metrics_rows(s, t, head=head))
+        elif n:
             # entr() is -p log p with 0 at p = 0, so banned (-inf) teacher logits do not give nan
             metrics["sdpo/teacher_entropy"] = float(
                 torch.special.entr(torch.softmax(t.float(), -1)).sum(-1).mean()
@@ -281,6 +357,7 @@ def preference_channel(
     label_smoothing: float = 0.0,
     chosen_attention_mask: torch.Tensor | None = None,
     rejected_attention_mask: torch.Tensor | None = None,
+    logits_mode: LogitsMode | None = None,
 ) -> ChannelResult:
     """DPO (summed log-ratios against ``ref_*_logps``) or SimPO (mean log-probs, no reference); mean per pair.
 
@@ -317,7 +394,9 @@ def preference_channel(
     attn = torch.cat(
         [padded(chosen_attention_mask, chosen_input_ids), padded(rejected_attention_mask, rejected_input_ids)]
     )
-    logps = sequence_logprobs(model, ids, resp, attention_mask=attn, average=variant == "simpo")
+    logps = sequence_logprobs(
+        model, ids, resp, attention_mask=attn, average=variant == "simpo", logits_mode=logits_mode
+    )
     chosen, rejected = logps[:b], logps[b:]
     if variant == "dpo":
         ref_c = ref_chosen_logps.to(chosen.dtype)
@@ -372,6 +451,7 @@ def compose_loss(
     simpo_gamma: float = 1.0,
     entropy_opd_h_max: float | None = None,
     sdpo_top_k: int | None = None,
+    logits_mode: LogitsMode | None = None,
 ) -> LossComponents:
     """``total = lm_ce + alpha_sdpo · sdpo_jsd + beta_replay · trace_replay_dpo`` (see the module docstring).
 
@@ -382,9 +462,14 @@ def compose_loss(
     ``dpo_{chosen,rejected}_{input_ids,response_mask}``, optional ``dpo_{chosen,rejected}_attention_mask``;
     ``dpo_variant="dpo"`` also needs ``dpo_{chosen,rejected}_ref_logprobs`` (SimPO ignores them).
 
+    ``logits_mode`` (``"auto"`` default, ``"full"``, ``"chunked"``, ``"fused"``) picks how the
+    vocabulary-sized part is computed: ``"fused"`` never builds the (B, T, V) logits, and ``"auto"``
+    uses it from a vocabulary of 32768 when the model exposes its LM head (docs/large_vocab.md).
+    All paths give the same values and gradients.
+
     Raises:
-        ValueError: unknown ``dpo_variant`` / ``sdpo_wrapper``; ``taid`` without ``taid_t`` or with it
-            outside [0, 1]; missing or mis-shaped inputs; partial channel keys.
+        ValueError: unknown ``dpo_variant`` / ``sdpo_wrapper`` / ``logits_mode``; ``taid`` without
+            ``taid_t`` or with it outside [0, 1]; missing or mis-shaped inputs; partial channel keys.
     """
     if dpo_variant not in DPO_VARIANTS:
         raise ValueError(f"dpo_variant={dpo_variant!r} is unknown; use one of {DPO_VARIANTS}")
@@ -401,8 +486,13 @@ def compose_loss(
     _check_ids("input_ids", input_ids, "response_mask", response_mask)
     attention_mask = inputs.get("attention_mask")
 
-    logits = model_logits(model, input_ids, attention_mask)
-    ce = lm_ce_channel(model, input_ids, response_mask, label_smoothing=lm_ce_label_smoothing, logits=logits)
+    x, head, mode = _forward(model, input_ids, attention_mask, logits_mode)
+    # The student forward is shared by the CE and SDPO channels, on the chosen path.
+    fwd = {"hidden": x, "head": head} if mode == "fused" else {"logits": x, "logits_mode": mode}
+    ce = lm_ce_channel(model, input_ids, response_mask, label_smoothing=lm_ce_label_smoothing, **fwd)
+    sd_fwd = (
+        {"student_hidden": x, "head": head} if mode == "fused" else {"student_logits": x, "logits_mode": mode}
+    )
     metrics = dict(ce.metrics)
 
     sdpo_loss = _zero(ce.loss)
@@ -411,7 +501,7 @@ def compose_loss(
             model, input_ids, inputs["ctx_teacher_input_ids"], inputs["sdpo_loss_mask"],
             response_mask=response_mask, student_mask=inputs.get("sdpo_student_mask"),
             attention_mask=attention_mask, teacher_attention_mask=inputs.get("ctx_teacher_attention_mask"),
-            student_logits=logits, wrapper=sdpo_wrapper, jsd_beta=sdpo_jsd_beta, temperature=sdpo_temperature,
+            **sd_fwd, wrapper=sdpo_wrapper, jsd_beta=sdpo_jsd_beta, temperature=sdpo_temperature,
             token_clip=sdpo_token_clip, top_k=sdpo_top_k, taid_t=taid_t, h_max=entropy_opd_h_max,
         )  # fmt: skip
         sdpo_loss = sd.loss
@@ -425,7 +515,7 @@ def compose_loss(
             ref_chosen_logps=ref_c, ref_rejected_logps=ref_r, beta=replay_dpo_beta,
             simpo_beta=simpo_beta, simpo_gamma=simpo_gamma,
             chosen_attention_mask=inputs.get("dpo_chosen_attention_mask"),
-            rejected_attention_mask=inputs.get("dpo_rejected_attention_mask"),
+            rejected_attention_mask=inputs.get("dpo_rejected_attention_mask"), logits_mode=mode,
         )  # fmt: skip
         pref_loss = pr.loss
         metrics.update(pr.metrics)

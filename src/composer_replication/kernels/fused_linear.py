@@ -34,11 +34,11 @@ __all__ = [
     "fused_cross_entropy",
 ]
 
-_CHUNK_BYTES = 32 * 2**20
+_CHUNK_BYTES = 16 * 2**20
 
 
 def default_fused_chunk_rows(vocab_size: int) -> int:
-    """Rows per chunk so that one (rows, V) fp32 logits tile is about 32 MiB (at least 16 rows)."""
+    """Rows per chunk so that one (rows, V) fp32 logits tile is about 16 MiB (at least 16 rows)."""
     return max(16, _CHUNK_BYTES // (4 * max(int(vocab_size), 1)))
 
 
