@@ -3,7 +3,7 @@
 Each stage is a thin call into the library (ingestion, teacher_replay, replaysim, trainer, datagen)
 with fixed file names in the run directory, so the runner can hash inputs and outputs:
 
-    ingest/        states.jsonl traces.jsonl stats.json            (secrets redacted here)
+    ingest/        states.jsonl traces.jsonl ingest_stats.json     (secrets redacted here)
     split/         train_states.jsonl train_traces.jsonl heldout_states.jsonl
     replay/        teacher_calls.jsonl  cache.jsonl ledger.jsonl   (cache + ledger make reruns free)
     pairs/         raw_pairs.jsonl per_teacher.json
@@ -49,10 +49,11 @@ def _ingest(ctx: RunContext) -> dict[str, Any]:
     # force: the runner already decided this stage must run (inputs, config or outputs changed)
     stats = ingest_paths(src.paths, ctx.path("ingest"), redact=src.redact, progress=True, force=True)
     totals = stats.get("totals", {})
-    keep = ("n_states_emitted", "n_examples", "n_tool_errors", "n_assistant_turns", "n_redactions")
+    keep = ("n_states_emitted", "n_examples", "n_tool_errors")
     return {
         "files": len(stats.get("files", [])),
-        **{k: v for k, v in totals.items() if k in keep or k.startswith("redacted")},
+        **{k: v for k, v in totals.items() if k in keep},
+        "secrets_redacted": sum((totals.get("redactions") or {}).values()),
     }
 
 
