@@ -21,11 +21,11 @@ def _log(path: Path) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- a small training loop
-def train_loop(model, switch: KillSwitch, ckpt_dir: Path, *, steps: int = 12, inject=None, lr: float = 1e-2):
+def train_loop(model, switch: KillSwitch, ckpt_dir: Path, *, steps: int = 10, inject=None, lr: float = 1e-2):
     """SGD on the tiny model; observes loss / grad norm / injected metrics; checkpoints and raises on a trigger."""
     torch.manual_seed(0)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    ids = torch.randint(0, 2048, (2, 16))
+    ids = torch.randint(0, 2048, (1, 8))
     for step in range(1, steps + 1):
         extra = inject(step, model) if inject else {}
         out = model(input_ids=ids, labels=ids)
@@ -86,7 +86,7 @@ def test_healthy_run_is_not_stopped(tiny_model, tmp_path):
     with KillSwitch(
         log_path=tmp_path / "ks.jsonl", max_spend_usd=10, reward_collapse_drop=0.5, handle_signals=False
     ) as sw:
-        assert train_loop(tiny_model, sw, tmp_path, inject=lambda s, m: {"reward": 0.5, "kl": 0.1}) == 12
+        assert train_loop(tiny_model, sw, tmp_path, inject=lambda s, m: {"reward": 0.5, "kl": 0.1}) == 10
     assert sw.should_stop() is None and not (tmp_path / "ks.jsonl").exists()
 
 
