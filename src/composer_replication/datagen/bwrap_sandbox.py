@@ -137,7 +137,7 @@ class BwrapSandbox:
             argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
             argv += ["--unshare-cgroup-try", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
-            argv += ["--unshare-all", "--disable-userns"]
+            argv += ["--unshare-all", "--unshare-user", "--disable-userns"]
         argv += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
         for name in ("bin", "sbin", "lib", "lib64", "lib32"):
             host = Path("/") / name
