@@ -231,7 +231,9 @@ def test_find_fallback_matches_automaton(monkeypatch) -> None:
     """Without pyahocorasick the str.find scan gives the same result."""
     from composer_replication.ingestion import redact as R
 
-    blob = "\n".join(t for _, t, _ in planted()) + "\nplain text with token_type = 'x' and https://example.com/a"
+    blob = (
+        "\n".join(t for _, t, _ in planted()) + "\nplain text with token_type = 'x' and https://example.com/a"
+    )
     with_auto = Redactor().redact(blob)
     monkeypatch.setattr(R, "_AUTOMATON", None)
     assert Redactor().redact(blob) == with_auto

@@ -11,7 +11,8 @@ Channels and their keys (present exactly under these conditions):
 
 * 1 (always): ``input_ids``, ``attention_mask``, ``response_mask`` (all kept assistant bodies), ``rewards``.
 * 2 (``enable_sdpo`` and ``hint_generator`` set and at least one example has an error site — a tool turn with
-  ``tool_error`` followed by an assistant turn — for which the generator returns a hint):
+  ``tool_error`` followed by an assistant turn that survives truncation — for which the generator returns a
+  hint; the last such site of an example is used):
   ``ctx_teacher_input_ids`` (the same history, cut after the recovery turn, with the hint appended to the
   message that carries the error), ``sdpo_loss_mask`` (the recovery turn's body in the teacher sequence) and
   ``sdpo_student_mask`` (the same tokens in ``input_ids``; both masks select identical token ids in order).
