@@ -193,3 +193,16 @@ def test_docker_live_round_trip():
         r = sb.exec("python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), timeout=2)'", 10)
         assert r.returncode != 0
         assert sb.exec("sleep 30", 1).timed_out
+
+
+def test_light_imports():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, composer_replication.safety, composer_replication.datagen.sandbox, "
+        "composer_replication.datagen.docker_sandbox, composer_replication.datagen.rollout;"
+        "bad = [m for m in ('transformers', 'trl', 'docker', 'monarch', 'httpx') if m in sys.modules];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
