@@ -206,3 +206,18 @@ def test_light_imports():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@needs_bwrap
+def test_hf_policy_rollout_with_tiny_model(tiny_tokenizer, tmp_path):
+    from composer_replication.datagen.rollout import HFPolicy
+    from composer_replication.models import build_tiny_model
+
+    task = bundled_tasks()["off_by_one"]
+    policy = HFPolicy(build_tiny_model(tokenizer=tiny_tokenizer, seed=0), tiny_tokenizer, max_new_tokens=24)
+    r = run_rollout(task, policy, rollout_id="tiny", log_dir=tmp_path, max_turns=2)
+    # A random model emits no valid tool call: one turn, the tests run on the untouched files and fail.
+    assert (r.status, r.reward, r.turns) == ("ok", 0.0, 1)
+    records = [json.loads(x) for x in Path(r.session_log).read_text().splitlines()]
+    assert [rec["type"] for rec in records] == ["user", "assistant"]
+    assert records[1]["message"]["content"][0]["type"] == "text"
