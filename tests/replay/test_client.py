@@ -121,6 +121,28 @@ def test_retry_after_is_honoured(fake_openrouter):
     assert times[1] - times[0] >= 0.4  # FAST's own backoff is <= 10 ms
 
 
+def test_retry_after_pauses_the_whole_teacher(fake_openrouter):
+    srv = fake_openrouter
+    teachers = make_teachers(srv, slugs=("t/a",))
+    seen = []
+
+    def script(info):
+        import time
+
+        seen.append((time.monotonic(), info.key[1], info.n))
+        if info.key[1].startswith("task s0") and info.n == 1:
+            return Reply(kind="http_error", status=429, retry_after="0.5")
+        return Reply(delay_s=0.02)
+
+    srv.script = script
+    res = run(replay_trace(make_states(6), teachers, max_total_usd=1.0, concurrency=1, retry=FAST))
+    assert all(r["error"] is None for r in res)
+    t429 = seen[0][0]
+    assert seen[0][1].startswith("task s0") and seen[0][2] == 1
+    # nothing reached this teacher during the 0.5 s it asked for
+    assert all(t - t429 >= 0.5 for t, _, _ in seen[1:])
+
+
 def test_budget_cap_and_402_halt(fake_openrouter, tmp_path):
     srv = fake_openrouter
     teachers = make_teachers(srv, price=(100.0, 400.0))

@@ -272,6 +272,7 @@ async def replay_states(
 
         sem = asyncio.Semaphore(concurrency)
         state = {"stopped": None, "fatal": None}
+        cooldown: dict[str, float] = {}  # teacher slug -> monotonic time before which nothing is sent
         bar = None
         if progress and todo:
             from tqdm.auto import tqdm
@@ -287,7 +288,13 @@ async def replay_states(
             backend = call_backend[call.key]
             attempt = 0
             while True:
+                # A Retry-After from one call pauses every call to that teacher, not just the one retried.
+                pause = cooldown.get(call.spec["slug"], 0.0) - time.monotonic()
+                if pause > 0:
+                    await asyncio.sleep(pause)
                 async with sem:
+                    if cooldown.get(call.spec["slug"], 0.0) > time.monotonic():
+                        continue  # a 429 arrived while we queued: release the slot and wait it out
                     if _poll():
                         return _row(call, error=f"not sent: stopped: {state['stopped']}")
                     if state["fatal"]:
@@ -314,6 +321,9 @@ async def replay_states(
                             await ledger.release(res)
                         if exc.fatal:
                             state["fatal"] = f"run halted by {exc}"
+                        if exc.retry_after_s:
+                            until = time.monotonic() + min(exc.retry_after_s, retry.retry_after_max_s)
+                            cooldown[call.spec["slug"]] = max(cooldown.get(call.spec["slug"], 0.0), until)
                         err = exc
                     except BaseException:
                         await ledger.settle(res, res.usd, note="interrupted")
