@@ -1,0 +1,31 @@
+"""`composer-replication demo --fast`: the bundled sessions, in-process teachers, every stage, offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from composer_replication.pipeline.manifest import Manifest
+
+from ._chromium import chromium_available, images_loaded
+from .conftest import cli
+
+
+@pytest.mark.slow
+def test_fast_demo_runs_every_stage_offline(tmp_path):
+    out = tmp_path / "demo"
+    p = cli("demo", "--fast", "--out", str(out), env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"report: {out / 'report' / 'report.html'}" in p.stdout
+    m = Manifest.load(out)
+    assert all(r.status == "done" for r in m.stages.values()), {
+        n: (r.status, r.error) for n, r in m.stages.items()
+    }
+    assert m.stages["split"].summary["heldout_error_sites"] == 3
+    assert m.stages["replay"].summary["calls"] == 12 and m.stages["replay"].summary["spent_usd"] == 0.0
+    ev = json.loads((out / "eval" / "eval.json").read_text())
+    assert ev["after"]["sandbox_tasks"] == 3 and ev["before"]["n_sites"] == 3
+    if chromium_available():
+        loaded, total = images_loaded(out / "report" / "report.html")
+        assert loaded == total >= 5
