@@ -183,6 +183,9 @@ def test_docker_argv_is_locked_down():
     assert exec_argv[:4] == ["docker", "exec", "-w", "/workspace"]
     assert DockerSandbox(executable="podman", runtime="runsc").run_argv()[:2] == ["podman", "run"]
     assert "--runtime" in DockerSandbox(runtime="runsc").run_argv()
+    from composer_replication.datagen.sandbox import Sandbox
+
+    assert isinstance(sb, Sandbox) and isinstance(BwrapSandbox(), Sandbox)
 
 
 @pytest.mark.skipif(not docker_available(), reason="no Docker daemon answers here")
