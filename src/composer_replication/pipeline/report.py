@@ -234,14 +234,26 @@ def _html(title: str, d: dict[str, Any], figs: list[tuple[str, str]]) -> str:
     for name, rec in m.stages.items():
         counts = ", ".join(f"{k}={v}" for k, v in rec.summary.items() if not isinstance(v, (dict, list)))
         stage_rows.append([name, rec.status, counts, rec.error or ""])
-    spend_rows = [[t, d["calls"].get(t, 0), f"${s:.4f}"] for t, s in d["spend"].items()]
+    teachers = {t["slug"]: t for t in m.data.get("config", {}).get("replay", {}).get("teachers", [])}
+
+    def backend(slug: str) -> str:
+        t = teachers.get(slug, {})
+        if t.get("backend") == "transformers":
+            return f"in process: {t.get('model_path')}" + (
+                f", T={t['temperature']}" if t.get("temperature") else ", greedy"
+            )
+        return t.get("base_url") or "OpenRouter"
+
+    spend_rows = [[t, backend(t), d["calls"].get(t, 0), f"${s:.4f}"] for t, s in d["spend"].items()]
     parts = [
         f"<h1>{esc(title)}</h1>",
         f"<p>Run directory <code>{esc(str(m.run_dir))}</code>, generated {esc(time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()))}.</p>",
         "<h2>Stages</h2>",
         _table(["stage", "status", "summary", "error"], stage_rows),
         "<h2>Teacher spend</h2>",
-        _table(["teacher", "calls", "spend"], spend_rows) if spend_rows else "<p>No teacher calls.</p>",
+        _table(["teacher", "where", "calls", "spend"], spend_rows)
+        if spend_rows
+        else "<p>No teacher calls.</p>",
     ]
     ev = d["eval"]
     if ev:
