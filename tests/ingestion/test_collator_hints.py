@@ -82,6 +82,7 @@ def test_collator_masks_align_and_keys(tiny_tokenizer, batch, max_len, sdpo) -> 
     ids, att, resp = out["input_ids"], out["attention_mask"], out["response_mask"]
     assert ids.shape == att.shape == resp.shape and ids.shape[0] == B and out["rewards"].shape == (B,)
     assert bool(((resp == 1) <= (att == 1)).all())
+    assert not bool(resp[:, 0].any())  # position 0 has no predicting logit: never a response token
     # Channel 2 appears exactly when a batch item has an error site with a recovery turn and a hint (and, when
     # the history is truncated, that recovery turn survived truncation).
     want_sdpo = gen is not None and any(_has_site(ex, gen) for ex in batch)
@@ -95,6 +96,7 @@ def test_collator_masks_align_and_keys(tiny_tokenizer, batch, max_len, sdpo) -> 
             a, c = ids[b][s_mask[b].bool()], t_ids[b][t_mask[b].bool()]
             assert torch.equal(a, c)  # same recovery tokens, in order, in both sequences
             assert bool((s_mask[b] <= resp[b]).all())  # the recovery span is part of the response
+        assert not bool(t_mask[:, 0].any()) and not bool(s_mask[:, 0].any())
     want_dpo = any(ex.get("dpo_pairs") for ex in batch)
     keys = {
         "dpo_chosen_input_ids",
@@ -106,7 +108,7 @@ def test_collator_masks_align_and_keys(tiny_tokenizer, batch, max_len, sdpo) -> 
     if want_dpo:
         for side in ("chosen", "rejected"):
             i, m = out[f"dpo_{side}_input_ids"], out[f"dpo_{side}_response_mask"]
-            assert i.shape == m.shape and bool((m.sum(1) > 0).all())
+            assert i.shape == m.shape and bool((m.sum(1) > 0).all()) and not bool(m[:, 0].any())
 
 
 def _real_error_examples() -> list[dict]:

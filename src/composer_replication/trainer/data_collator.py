@@ -107,6 +107,9 @@ def turns_to_messages(
     return msgs, where
 
 
+_SENTINEL = "\u2063\u2063collator-sentinel\u2063\u2063"
+
+
 @dataclass
 class _Piece:
     ids: list[int]
@@ -134,7 +137,11 @@ class ComposerDataCollator:
         prev = ""
         for i, m in enumerate(msgs):
             if m["role"] == "assistant":
-                head = self._render(msgs[:i], True)
+                if i:
+                    head = self._render(msgs[:i], True)
+                else:  # templates cannot render an empty conversation: find the header with a sentinel
+                    probe = self._render([{**m, "content": _SENTINEL}], False)
+                    head = probe[: max(probe.find(_SENTINEL), 0)]
                 full = self._render(msgs[: i + 1], False)
                 if not head.startswith(prev) or not full.startswith(head):
                     raise ValueError(
@@ -155,9 +162,11 @@ class ComposerDataCollator:
         return [_Piece(list(ids), r, i) for ids, (_, r, i) in zip(enc, texts, strict=True)]
 
     @staticmethod
-    def _truncate(pieces: list[_Piece], protect_from: int, max_len: int, keep_first: bool) -> list[_Piece]:
+    def _truncate(
+        pieces: list[_Piece], protect_from: int, max_len: int, keep_first: bool, trim_from: int
+    ) -> list[_Piece]:
         """Drop whole messages from the oldest (a leading system message stays) until ``max_len`` fits;
-        messages with index >= ``protect_from`` are never dropped."""
+        messages with index >= ``protect_from`` are never dropped, nor those >= ``trim_from`` shortened."""
         total = sum(len(p.ids) for p in pieces)
         if total <= max_len:
             return pieces
@@ -170,9 +179,10 @@ class ComposerDataCollator:
             total -= sum(len(p.ids) for p in pieces if p.msg == mi)
         kept = [p for p in pieces if p.msg not in drop]
         # Still too long: cut the oldest tokens of the prompt in front of the first kept response (never a
-        # response itself, never a leading system message).
+        # response, never a leading system message, never the protected response's own header, so that a
+        # response token is never at position 0 where no logit predicts it).
         for p in kept[1 if keep_first else 0 :]:
-            if total <= max_len or p.is_response:
+            if total <= max_len or p.is_response or p.msg >= trim_from:
                 break
             cut = min(total - max_len, len(p.ids))
             p.ids = p.ids[cut:]
@@ -180,10 +190,16 @@ class ComposerDataCollator:
         return [p for p in kept if p.ids]
 
     def _encode(
-        self, msgs: list[dict], response_msgs: set[int], protect_from: int, max_len: int
+        self,
+        msgs: list[dict],
+        response_msgs: set[int],
+        protect_from: int,
+        max_len: int,
+        trim_from: int | None = None,
     ) -> tuple[list[int], list[int], dict[int, tuple[int, int]]]:
         keep_first = bool(msgs) and msgs[0]["role"] == "system"
-        pieces = self._truncate(self._pieces(msgs), protect_from, max_len, keep_first)
+        trim = protect_from if trim_from is None else trim_from
+        pieces = self._truncate(self._pieces(msgs), protect_from, max_len, keep_first, trim)
         ids: list[int] = []
         mask: list[int] = []
         spans: dict[int, tuple[int, int]] = {}
@@ -226,7 +242,7 @@ class ComposerDataCollator:
             any_sdpo = True
             tmsgs = [dict(m) for m in msgs[: rec + 1]]
             tmsgs[rec - 1]["content"] = tmsgs[rec - 1]["content"] + f"\n\n[HINT] {hint}"
-            tids, tmask, _ = self._encode(tmsgs, {rec}, rec - 1, cfg.max_seq_len)
+            tids, tmask, _ = self._encode(tmsgs, {rec}, rec - 1, cfg.max_seq_len, trim_from=rec)
             t_ids.append(tids)
             t_mask.append(tmask)
             a, b = spans[rec]
