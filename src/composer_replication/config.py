@@ -46,7 +46,7 @@ class DataConfig(_Model):
         1024, ge=16, le=131072, description="token cap for chosen/rejected sequences"
     )
     eval_fraction: float = Field(
-        0.0, ge=0.0, lt=1.0, description="fraction held out (by trace / pair id hash)"
+        0.0, ge=0.0, lt=1.0, description="fraction held out (by hash of the episode id / pair id)"
     )
 
     @field_validator("traces", "pairs")
@@ -152,7 +152,10 @@ class GRPOSection(_Model):
 
 
 class LoggingConfig(_Model):
-    report_to: list[str] = Field(default_factory=list, description="trackers (tensorboard, wandb, trackio)")
+    report_to: list[Literal["tensorboard", "wandb", "trackio", "none"]] = Field(
+        default_factory=list,
+        description="trackers besides metrics.jsonl (TRL's names); grpo passes them to TRL",
+    )
     log_every: int = Field(1, ge=1, description="metrics.jsonl row every N optimizer steps")
     plot: bool = Field(True, description="write losses.png (matplotlib) at the end")
     progress: bool = Field(True, description="tqdm progress bar")

@@ -25,13 +25,13 @@ def test_smollm2_offline_loss_falls_preferences_and_jsd_improve(ingested, tmp_pa
         "data": {
             "traces": str(ingested / "traces.jsonl"),
             "pairs": str(ingested / "pairs.jsonl"),
-            "max_seq_len": 512,
-            "max_dpo_seq_len": 384,
+            "max_seq_len": 384,
+            "max_dpo_seq_len": 256,
             "eval_fraction": 0.25,
         },
         "loss": {"sdpo": {"weight": 1.0}, "preference": {"weight": 1.0, "dpo_beta": 0.1}},
-        "optimizer": {"lr": 2e-5},
-        "schedule": {"max_steps": 30, "batch_size": 1, "grad_accum": 2, "warmup_steps": 2},
+        "optimizer": {"lr": 5e-5},
+        "schedule": {"max_steps": 24, "batch_size": 2, "grad_accum": 1, "warmup_steps": 2},
         "checkpoint": {"every_steps": 0, "keep_last": 1},
         "logging": {"progress": True},
     }

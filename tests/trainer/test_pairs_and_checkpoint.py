@@ -68,3 +68,21 @@ def test_rng_state_round_trip():
     a = (random.random(), np.random.rand(), torch.rand(1).item())
     ckpt.set_rng_state(state)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
+
+
+def test_pairs_survive_a_mixed_arrow_column():
+    """A datasets column holding both shapes fills the absent keys with None; both must still parse."""
+    datasets = __import__("pytest").importorskip("datasets")
+    dpo = {
+        "state_id": "a",
+        "state_messages": [{"role": "user", "content": "q"}],
+        "chosen": "C",
+        "rejected": "R",
+    }
+    norm = {
+        "state_id": "b", "state_messages": [{"role": "user", "content": "q"}],
+        "chosen_messages": [{"role": "assistant", "content": "C2"}],
+        "rejected_messages": [{"role": "assistant", "content": "R2"}],
+    }  # fmt: skip
+    col = [row["p"] for row in datasets.Dataset.from_list([{"p": dpo}, {"p": norm}])]
+    assert [pair_tokens.pair_fields(p)[2:] for p in col] == [("C", "R"), ("C2", "R2")]

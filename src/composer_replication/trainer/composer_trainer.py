@@ -115,7 +115,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
     @torch.no_grad()
     def _reference_pair_logps(self, enc: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Reference summed log-probs per pair, computed once per pair id and cached."""
-        missing = [i for i, pid in enumerate(enc["pair_ids"]) if pid not in self._ref_logps_cache]
+        first = {pid: i for i, pid in reversed(list(enumerate(enc["pair_ids"])))}  # one pass per new id
+        missing = sorted(i for pid, i in first.items() if pid not in self._ref_logps_cache)
         if missing:
             ref, ctx = self._ref_forward_context()
             dev = self.accelerator.device

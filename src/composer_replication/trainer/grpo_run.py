@@ -72,6 +72,26 @@ def build_rows(traces: list[dict], pairs: list[dict]) -> list[dict]:
     return rows
 
 
+def fit_prompt(tok: Any, messages: list[dict], max_len: int) -> list[dict]:
+    """Drop the oldest messages (a leading system message stays) until the rendered prompt fits
+    ``max_len`` tokens; a single message still over the cap keeps the end of its text."""
+    msgs = [dict(m) for m in messages]
+    keep_first = 1 if msgs and msgs[0].get("role") == "system" else 0
+    # Estimate from per-message token counts (one tokenizer call each), then verify by rendering:
+    # re-rendering the whole history per dropped message is quadratic on long agent sessions.
+    sizes = [len(tok(str(m.get("content", "")), add_special_tokens=False)["input_ids"]) + 8 for m in msgs]
+    budget, start = max_len - sum(sizes[:keep_first]), len(msgs)
+    while start > keep_first + 1 and budget - sizes[start - 1] >= 0:
+        start -= 1
+        budget -= sizes[start]
+    msgs = msgs[:keep_first] + msgs[min(start, len(msgs) - 1) :]
+    while len(pair_tokens.render_prompt_ids(tok, msgs)) > max_len and len(msgs) > keep_first + 1:
+        del msgs[keep_first]
+    while len(pair_tokens.render_prompt_ids(tok, msgs)) > max_len and len(msgs[-1]["content"]) > 16:
+        msgs[-1]["content"] = msgs[-1]["content"][len(msgs[-1]["content"]) // 4 :]
+    return msgs
+
+
 def _completion_text(c: Any) -> str:
     return c[-1]["content"] if isinstance(c, list) else str(c)
 
@@ -117,6 +137,8 @@ def train_grpo(
     )
     tok.padding_side = "left"
     rows = build_rows(od.load_rows(cfg.data.traces), od.load_rows(cfg.data.pairs))
+    for row in rows:  # TRL 1.16 has no prompt-length cap: the agent histories would run to 20k tokens
+        row["prompt"] = fit_prompt(tok, row["prompt"], cfg.data.max_seq_len)
     if not rows:
         raise ValueError(
             "grpo mode found no prompts: data.pairs has no pairs and data.traces no tool-error sites"

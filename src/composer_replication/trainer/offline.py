@@ -279,6 +279,9 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
         }
         return ckpt.save_checkpoint(ckpt_dir, at, state, keep_last=cfg.checkpoint.keep_last)
 
+    from composer_replication.trainer.trackers import open_trackers
+
+    trackers = open_trackers(cfg.logging.report_to, out, cfg.model_dump(mode="json"))
     metrics_log = JsonlAppender(out / "metrics.jsonl")
     bar = None
     if cfg.logging.progress:
@@ -333,6 +336,8 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
                 if taid is not None:
                     row["taid_t"] = taid.t
                 metrics_log.write(row)
+                for tracker in trackers:
+                    tracker.log(row, step)
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{totals['total']:.4f}")
@@ -342,6 +347,8 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
         if bar is not None:
             bar.close()
         metrics_log.close()
+        for tracker in trackers:
+            tracker.close()
     if ckpt.latest_checkpoint(ckpt_dir) is None or not (ckpt_dir / f"step-{step:08d}").exists():
         save(step)
     final = evaluate(model, tok, cfg, eval_traces, eval_pairs, ref, collator)

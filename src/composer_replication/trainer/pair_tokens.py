@@ -22,9 +22,10 @@ def pair_fields(pair: Any) -> tuple[str, list[dict], str, str]:
     messages = row.get("state_messages")
     if not isinstance(messages, list):
         raise ValueError(f"pair {row.get('state_id')!r} has no state_messages list")
-    if "chosen" in row and "rejected" in row:
+    # ``is not None``: a datasets/Arrow column mixing both shapes fills the other shape's keys with None.
+    if row.get("chosen") is not None and row.get("rejected") is not None:
         chosen, rejected = row["chosen"], row["rejected"]
-    elif "chosen_messages" in row and "rejected_messages" in row:
+    elif row.get("chosen_messages") is not None and row.get("rejected_messages") is not None:
         chosen = "\n\n".join(str(m.get("content", "")) for m in row["chosen_messages"])
         rejected = "\n\n".join(str(m.get("content", "")) for m in row["rejected_messages"])
     else:
