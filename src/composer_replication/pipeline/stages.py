@@ -158,7 +158,6 @@ def _replay(ctx: RunContext) -> dict[str, Any]:
         "sent": rep.n_sent,
         "errors": rep.n_errors,
         "spent_usd": round(rep.prior_usd + rep.spent_usd, 6),
-        "stopped": rep.stopped or "",
     }
 
 
