@@ -217,3 +217,19 @@ def test_state_writer_matches_plain_json(tmp_path: Path) -> None:
         buf = io.BytesIO()
         _write_states(buf, states)
         assert [json.loads(x) for x in buf.getvalue().splitlines()] == json.loads(json.dumps(states))
+
+
+def test_stdlib_json_fallback_gives_the_same_output(tmp_path: Path, monkeypatch) -> None:
+    """Without orjson (an optional speed-up) the outputs parse to the same records."""
+    from composer_replication.ingestion import _json
+
+    src = Path(__file__).parents[1] / "data" / "sessions" / "claude_code" / "marot__spotter__short.jsonl"
+    ingest_paths([src], tmp_path / "fast")
+    monkeypatch.setattr(_json, "loads", _json._std_loads)
+    monkeypatch.setattr(_json, "dumps", _json._std_dumps)
+    monkeypatch.setattr(_json, "JSONDecodeError", json.JSONDecodeError)
+    ingest_paths([src], tmp_path / "std")
+    for name in ("states.jsonl", "traces.jsonl"):
+        a = [json.loads(x) for x in (tmp_path / "fast" / name).read_text().splitlines()]
+        b = [json.loads(x) for x in (tmp_path / "std" / name).read_text().splitlines()]
+        assert a == b and a

@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from composer_replication._io import atomic_open, atomic_write_json
+from composer_replication.ingestion import _json
 from composer_replication.ingestion._session import IngestionStats
 from composer_replication.ingestion.claude_code import SYSTEM_PROMPT, ClaudeCodeIngester, is_subagent_path
 from composer_replication.ingestion.codex import CodexIngester
@@ -83,8 +82,8 @@ def _first_timestamp(path: Path) -> str:
     with open(path, "rb") as fh:
         for line in fh:
             try:
-                ts = orjson.loads(line).get("timestamp")
-            except (orjson.JSONDecodeError, AttributeError):
+                ts = _json.loads(line).get("timestamp")
+            except (_json.JSONDecodeError, UnicodeDecodeError, AttributeError):
                 continue
             if isinstance(ts, str):
                 return ts
@@ -175,7 +174,7 @@ def ingest_paths(
                 states, examples, st = ingesters[fmt].ingest_file(f, seen_uuids=seen)
                 _write_states(sfh, states)
                 for ex in examples:
-                    tfh.write(orjson.dumps(ex, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS))
+                    tfh.write(_json.dumps(ex) + b"\n")
                 total.add(st)
                 per_file.append({"file": str(f), "format": fmt, "states": st.n_states_emitted,
                                  "examples": st.n_examples, "tool_errors": st.n_tool_errors,
@@ -193,7 +192,7 @@ def _write_states(fh: Any, states: list[dict[str, Any]]) -> None:
     """Write state rows. Each message is encoded once; a state whose history extends the previous state's
     (the common case) reuses the previous encoded history instead of re-joining every message."""
     cache: dict[int, bytes] = {}
-    dumps = orjson.dumps
+    dumps = _json.dumps
     prev_ids: list[int] = []
     prev_body = b""
     for st in states:

@@ -7,8 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from composer_replication.ingestion import _json
 from composer_replication.ingestion._session import IngestionStats
 
 
@@ -20,14 +19,14 @@ def read_records(path: Path, stats: IngestionStats) -> list[dict[str, Any]]:
     """
     data = path.read_bytes()
     out: list[dict[str, Any]] = []
-    loads = orjson.loads
+    loads = _json.loads
     for line in data.split(b"\n"):
         if not line or line.isspace():
             continue
         stats.n_lines += 1
         try:
             rec = loads(line)
-        except orjson.JSONDecodeError:
+        except (_json.JSONDecodeError, UnicodeDecodeError):
             rec = _slow_parse(line, stats)
         if type(rec) is not dict:
             stats.skipped_truncated_lines += 1

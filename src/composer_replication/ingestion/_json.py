@@ -1,0 +1,32 @@
+"""JSON codec for the hot paths: orjson when installed (several times faster), else the standard library.
+
+Both give the same parsed values; encoded bytes differ only in whitespace-free separators (both compact).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover - exercised by forcing the fallback in a test
+    orjson = None  # type: ignore[assignment]
+
+JSONDecodeError: type[Exception] = orjson.JSONDecodeError if orjson is not None else json.JSONDecodeError
+
+
+def _std_loads(data: bytes | str) -> Any:
+    return json.loads(data)
+
+
+def _std_dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+
+
+def _orjson_dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS, default=str)
+
+
+loads = orjson.loads if orjson is not None else _std_loads
+dumps = _orjson_dumps if orjson is not None else _std_dumps
