@@ -230,7 +230,9 @@ def test_import_composer_replication_stays_light():
         "import sys, composer_replication as cr; "
         "heavy = [m for m in ('torchft', 'modal', 'kubernetes', 'huggingface_hub', 'boto3') if m in sys.modules]; "
         "assert not heavy, heavy; "
-        "assert cr.make_diloco_outer_loop is not None and 'torchft' in sys.modules"
+        "assert cr.make_diloco_outer_loop is not None; "
+        "from composer_replication.diloco import DiLoCo, Manager, _DummyWork, _TORCHFT_AVAILABLE; "
+        "assert _TORCHFT_AVAILABLE and DiLoCo.__module__ == 'torchft.local_sgd' and 'torchft' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 

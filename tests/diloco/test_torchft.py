@@ -187,6 +187,6 @@ def test_make_diloco_outer_loop_rejects_bad_schedules(kwargs, match):
 def test_missing_torchft_raises(monkeypatch):
     import composer_replication.diloco as d
 
-    monkeypatch.setattr(d, "_TORCHFT_AVAILABLE", False)
+    monkeypatch.setattr(d, "_TORCHFT_AVAILABLE", False, raising=False)
     with pytest.raises(RuntimeError, match=r"composer-replication\[torchft\]"):
         d.make_diloco_outer_loop(None, [torch.nn.Linear(2, 2)], None)

@@ -1,8 +1,9 @@
 """DiLoCo outer loop over torchft (API reference §11).
 
-Importing this module imports torchft when it is installed (``import composer_replication`` does not:
-the top-level re-export is lazy). Without torchft the module still imports; the torchft names are
-``None`` and :func:`make_diloco_outer_loop` raises ``RuntimeError`` naming the ``torchft`` extra.
+The torchft names (``DiLoCo``, ``Manager``, ``_DummyWork``, ``_TORCHFT_AVAILABLE``) are resolved on
+first access, so importing this package (or ``composer_replication``) does not import torchft. Without
+torchft they are ``None``/``False`` and :func:`make_diloco_outer_loop` raises ``RuntimeError`` naming
+the ``torchft`` extra.
 
 DiLoCo (Douillard et al., arXiv 2311.08105): each replica runs ``sync_every`` inner optimizer steps,
 then the replicas all-reduce the pseudo-gradient ``theta_global - theta_local`` and take one outer
@@ -18,17 +19,35 @@ from __future__ import annotations
 
 from typing import Any
 
-try:  # torchft pulls in torch.distributed; keep it out of `import composer_replication`.
-    from torchft.local_sgd import DiLoCo
-    from torchft.manager import Manager
-    from torchft.work import _DummyWork
+# torchft pulls in torch.distributed.tensor (~4 s of imports): resolve its names on first use (PEP 562),
+# so object-store replicas, which never touch torchft, start faster.
+_TORCHFT_NAMES = {
+    "DiLoCo": ("torchft.local_sgd", "DiLoCo"),
+    "Manager": ("torchft.manager", "Manager"),
+    "_DummyWork": ("torchft.work", "_DummyWork"),
+}
 
-    _TORCHFT_AVAILABLE = True
-except ImportError:  # pragma: no cover - exercised only where torchft is absent
-    DiLoCo = None
-    Manager = None
-    _DummyWork = None
-    _TORCHFT_AVAILABLE = False
+
+def _load_torchft() -> None:
+    import importlib
+
+    values: dict[str, Any] = {}
+    try:
+        for name, (module, attr) in _TORCHFT_NAMES.items():
+            values[name] = getattr(importlib.import_module(module), attr)
+        available = True
+    except ImportError:
+        values, available = dict.fromkeys(_TORCHFT_NAMES), False
+    globals().update(values)
+    globals().setdefault("_TORCHFT_AVAILABLE", available)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCHFT_NAMES or name == "_TORCHFT_AVAILABLE":
+        _load_torchft()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["DiLoCo", "Manager", "_DummyWork", "_TORCHFT_AVAILABLE", "make_diloco_outer_loop"]
 
@@ -85,7 +104,9 @@ def make_diloco_outer_loop(
         ValueError: a bad schedule (``sync_every`` not a multiple of the fragment count, a delay too
             long, alpha outside [0, 1], a negative learning rate or momentum).
     """
-    if not _TORCHFT_AVAILABLE:
+    if "_TORCHFT_AVAILABLE" not in globals():
+        _load_torchft()
+    if not globals()["_TORCHFT_AVAILABLE"]:
         raise RuntimeError(
             "make_diloco_outer_loop needs torchft: pip install 'composer-replication[torchft]' (torchft==0.2.0)"
         )
@@ -104,7 +125,7 @@ def make_diloco_outer_loop(
         torch.optim.SGD(f.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=nesterov)
         for f in fragments
     ]
-    return DiLoCo(
+    return globals()["DiLoCo"](
         manager,
         fragments,
         inner_optimizer,
