@@ -147,3 +147,21 @@ def test_crash_hook_kills_the_process_before_the_stage_is_recorded(tmp_path):
     assert m.stages["first"].status == "done" and m.stages["second"].status == "running"
     out = Runner(tmp_path, RunConfig(), _stages([]), log=lambda m: None).run()
     assert out == {"first": "skipped", "second": "ran"}
+
+
+def test_status_of_a_directory_that_is_not_a_run(tmp_path, capsys):
+    from composer_replication.cli.main import main
+
+    assert main(["status", str(tmp_path)]) == 1
+    assert "no manifest.json" in capsys.readouterr().err
+
+
+def test_status_reads_a_partial_run(tmp_path, capsys):
+    from composer_replication.cli.main import main
+
+    calls: list[str] = []
+    Runner(tmp_path, RunConfig(), _stages(calls), log=lambda m: None).run(until="first")
+    assert main(["status", str(tmp_path), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["stages"]["first"]["status"] == "done" and st["stages"]["second"]["status"] == "pending"
+    assert st["spend_usd"] == 0.0 and st["report"] is None and st["last_checkpoint"] is None
