@@ -179,3 +179,31 @@ def test_codex_compaction_is_a_segment_boundary() -> None:
     assert ing.last_stats.n_compactions == 1
     opened = [st for st in states if st["messages"][1]["content"].startswith("[COMPACTED CONTEXT]")]
     assert 0 < len(opened) < len(states)
+
+
+def test_subagent_file_never_leaks_into_outputs(tmp_path: Path) -> None:
+    """The real subagents/ transcript (agent-a2271d1) of session 29ccd257: skipped, nothing of it in the outputs."""
+    from composer_replication.ingestion import ingest_paths
+
+    agent = DATA / "claude_code" / "iansherr__claude-code-log__agent-a2271d1.jsonl"
+    texts = {
+        b["text"][:200]
+        for r in _raw(agent)
+        if r.get("type") == "assistant"
+        for b in r["message"]["content"]
+        if b.get("type") == "text" and len(b["text"]) > 40
+    }
+    # The final report legitimately reaches the parent as the Task tool's result: exclude what the parent has.
+    parent = (
+        DATA / "claude_code" / "iansherr__claude-code-log__29ccd257-68b1-427f-ae5f-6524b7cb6f20.jsonl"
+    ).read_text()
+    texts = {t for t in texts if json.dumps(t, ensure_ascii=False)[1:-1] not in parent}
+    assert texts
+    res = ingest_paths([DATA / "claude_code"], tmp_path)
+    blob = "".join(
+        json.dumps(json.loads(line), ensure_ascii=False)
+        for name in ("states.jsonl", "traces.jsonl")
+        for line in (tmp_path / name).read_text().splitlines()
+    )
+    assert not [t for t in texts if json.dumps(t, ensure_ascii=False)[1:-1] in blob]
+    assert res["totals"]["skipped_subagent"] >= 59
