@@ -83,7 +83,6 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
 
 # Literal prefix "xit" lets the regex engine skip ahead with a fast substring search.
 _EXIT_RE = re.compile(r"xit(?:ed with code|ed with status| code:?)\s+(-?\d+)")
-_TRACEBACK_RE = re.compile(r"Traceback \(most recent call last\)")
 
 
 def exit_code_of(text: str, structured: Any = None) -> int | None:
@@ -97,7 +96,7 @@ def exit_code_of(text: str, structured: Any = None) -> int | None:
         if isinstance(meta, dict) and isinstance(meta.get("exit_code"), int):
             return meta["exit_code"]
     head, tail = text[:4000], text[-2000:]
-    # Every phrase of _EXIT_RE contains "xit": a substring test skips the (slow) alternation scan.
+    # _EXIT_RE starts with the literal "xit": a substring test skips the regex call when it cannot match.
     m = (_EXIT_RE.search(head) if "xit" in head else None) or (
         _EXIT_RE.search(tail) if "xit" in tail else None
     )
@@ -130,12 +129,8 @@ def classify_error(text: str, *, exit_code: int | None = None, denial: Any = Non
     for kind, rx in _RULES:
         if rx.search(head):
             return kind
-    if exit_code == 124:
+    if exit_code == 124:  # the exit status of timeout(1)
         return "timeout"
-    if exit_code == 127 or "command not found" in head:
-        return "tool_not_found" if "command not found" not in head else "runtime_error"
-    if _TRACEBACK_RE.search(text):
-        return "runtime_error"
     return "runtime_error"
 
 

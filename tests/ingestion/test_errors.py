@@ -1,0 +1,49 @@
+"""Error classification on texts seen in real Claude Code / Codex logs."""
+
+from __future__ import annotations
+
+import pytest
+
+from composer_replication.ingestion.errors import classify_error, detect_failure, exit_code_of
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "kind"),
+    [
+        ("<tool_use_error>InputValidationError: Task failed due to the following issue:\nThe required parameter `prompt` is missing</tool_use_error>", None, "type_error"),
+        ("<tool_use_error>File has not been read yet. Read it first before writing to it.</tool_use_error>", None, "file_not_read"),
+        ("<tool_use_error>String to replace not found in file.\nString:   defp do_setup do", None, "edit_mismatch"),
+        ("Exit code 1\n(eval):1: permission denied:", 1, "permission_denied"),
+        ("The user doesn't want to proceed with this tool use. The tool use was rejected", None, "user_rejected"),
+        ("lsd: 3: No such file or directory (os error 2).", None, "file_not_found"),
+        ("PreToolUse:Read hook error: blocked", None, "hook_blocked"),
+        ("Pre-commit validation failed:\\n\\n[FORMAT] Code is not formatted.", None, "hook_blocked"),
+        ("File content (528.1KB) exceeds maximum allowed size (256KB).", None, "output_too_large"),
+        ("Error: No such tool available: Reed", None, "tool_not_found"),
+        ("failed to parse function arguments: expected value at line 1 column 1", None, "json_decode"),
+        ("Command timed out after 2m 0s", None, "timeout"),
+        ("", 124, "timeout"),
+        ("Traceback (most recent call last):\n  File \"x.py\", line 1\nZeroDivisionError: division by zero", 1, "runtime_error"),
+    ],
+)  # fmt: skip
+def test_classify(text: str, code: int | None, kind: str) -> None:
+    assert classify_error(text, exit_code=code) == kind
+
+
+def test_exit_codes_and_failure_detection() -> None:
+    assert exit_code_of("Chunk ID: 1\nProcess exited with code 2\nOutput:\n") == 2
+    assert exit_code_of("ok", {"output": "", "metadata": {"exit_code": 3}}) == 3
+    assert exit_code_of("ok", {"stdout": "", "exitCode": 0}) == 0
+    assert (
+        exit_code_of("HTTP 200", {"code": 200, "result": "..."}) is None
+    )  # WebFetch's HTTP status is not an exit code
+    assert detect_failure("all good", is_error_flag=False) == (False, None)
+    assert detect_failure("Exit code 2\nboom", is_error_flag=False) == (True, 2)
+    assert detect_failure("partial", is_error_flag=False, structured={"interrupted": True})[0]
+    assert detect_failure("x", is_error_flag=True) == (True, None)
+    assert detect_failure(
+        "",
+        is_error_flag=False,
+        structured={"denied": True},
+    ) == (False, None)
+    assert classify_error("anything", denial="permission-rule") == "permission_denied"
