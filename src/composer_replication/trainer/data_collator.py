@@ -2,10 +2,12 @@
 
 Rendering: every sequence is rendered with the tokenizer's chat template. Token ids are built per message
 (the text each message adds to the rendered prefix), and an assistant message is split into its header (the
-generation prompt) and its body (content + end-of-turn tokens). Masks are therefore exact by construction and
-truncation works in whole messages: the oldest history (after a system message) is dropped first and a
-response is never cut. If a protected response is by itself longer than the cap, the row keeps it whole
-(and is longer than ``max_seq_len``) rather than train on a cut response.
+generation prompt) and its body (content + end-of-turn tokens). Masks are therefore exact by construction.
+Truncation drops the oldest messages first (a leading system message stays), then the oldest tokens of the
+prompt in front of the protected response; a response, and the header just before it, is never cut, so no
+response token sits at position 0. If a protected response is by itself longer than the cap, the row keeps
+it whole (and is longer than ``max_seq_len``) rather than train on a cut response. ``ignore_index`` is kept
+for API compatibility: masks are 0/1 tensors.
 
 Channels and their keys (present exactly under these conditions):
 
