@@ -170,7 +170,9 @@ def test_rerun_sends_only_missing_calls(fake_openrouter, tmp_path):
     cache, ledger = tmp_path / "calls.jsonl", tmp_path / "ledger.jsonl"
     srv.script = lambda info: Reply(kind="http_error", status=400) if info.key[0] == "t/c" else Reply()
     rep1 = run(
-        replay_states(states, teachers, max_total_usd=1.0, cache_path=cache, ledger_path=ledger, retry=FAST)
+        replay_states(
+            states, teachers, max_total_usd=1.0, cache_path=cache, ledger_path=ledger, retry=FAST, fsync=True
+        )
     )
     assert rep1.n_errors == 4 and srv.n_requests == 12
     srv.script = None
@@ -226,3 +228,29 @@ def test_api_key_lookup(monkeypatch, tmp_path):
     assert resolve_api_key() == "from-dotenv"
     monkeypatch.setenv("OPENROUTER_API_KEY", "from-env")
     assert resolve_api_key() == "from-env" and resolve_api_key("explicit") == "explicit"
+
+
+def test_group_fsync_coalesces(tmp_path, monkeypatch):
+    import os
+
+    from composer_replication.teacher_replay.durable import GroupFsync
+
+    path = tmp_path / "f.jsonl"
+    path.write_text("")
+    calls = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd) or real(fd))
+    g = GroupFsync(path)
+
+    async def writer(i):
+        with open(path, "a") as fh:
+            fh.write(f"{i}\n")
+        g.wrote()
+        await g.sync()
+
+    async def main():
+        await asyncio.gather(*(writer(i) for i in range(20)))
+
+    run(main())
+    g.close()
+    assert 1 <= len(calls) < 20 and g._synced == 20

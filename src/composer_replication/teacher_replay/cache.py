@@ -15,6 +15,7 @@ from typing import Any
 
 from composer_replication._io import JsonlAppender, read_jsonl
 
+from .durable import GroupFsync
 from .types import TeacherCallResult
 
 
@@ -42,7 +43,8 @@ class ResultCache:
                     self.done[key] = _strip(rec)
                 else:
                     self.n_error_rows += 1
-        self._out = JsonlAppender(self.path, fsync=fsync) if self.path is not None else None
+        self._out = JsonlAppender(self.path, fsync=False) if self.path is not None else None
+        self._durable = GroupFsync(self.path) if (fsync and self.path is not None) else None
 
     def get(self, key: str) -> TeacherCallResult | None:
         return self.done.get(key)
@@ -52,10 +54,19 @@ class ResultCache:
             self.done[key] = result
         if self._out is not None:
             self._out.write({**result, "key": key, "prompt_hash": phash})
+            if self._durable is not None:
+                self._durable.wrote()
+
+    async def sync(self) -> None:
+        """With ``fsync=True``: wait until every row written so far is on disk."""
+        if self._durable is not None:
+            await self._durable.sync()
 
     def close(self) -> None:
         if self._out is not None:
             self._out.close()
+        if self._durable is not None:
+            self._durable.close()
 
 
 _FIELDS = TeacherCallResult.__annotations__

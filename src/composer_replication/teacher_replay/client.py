@@ -341,11 +341,13 @@ async def replay_states(
                             completion_tokens=resp.completion_tokens, cost_usd=max(0.0, cost),
                         )  # fmt: skip
                         cache.put(call.key, call.phash, row)
+                        await cache.sync()
                         return row
                 attempt += 1
                 if not err.retryable or attempt >= retry.max_attempts or err.fatal:
                     row = _row(call, latency_s=round(latency, 4), error=f"{err} (after {attempt} attempt(s))")
                     cache.put(call.key, call.phash, row)
+                    await cache.sync()
                     return row
                 await asyncio.sleep(retry.delay(attempt - 1, err.retry_after_s))
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from composer_replication._io import JsonlAppender, read_jsonl
 
+from .durable import GroupFsync
+
 # Float sums drift by ~1e-16 per add; comparisons allow this much so a cap is not missed by rounding.
 _EPS = 1e-12
 
@@ -63,7 +65,8 @@ class SpendLedger:
         self._run = uuid.uuid4().hex[:8]
         if self.path is not None and self.path.exists():
             self.prior_usd = self._load(self.path)
-        self._out = JsonlAppender(self.path, fsync=fsync) if self.path is not None else None
+        self._out = JsonlAppender(self.path, fsync=False) if self.path is not None else None
+        self._durable = GroupFsync(self.path) if (fsync and self.path is not None) else None
 
     @staticmethod
     def _load(path: Path) -> float:
@@ -98,6 +101,8 @@ class SpendLedger:
         if self._out is not None:
             rec["t"] = round(time.time(), 3)
             self._out.write(rec)
+            if self._durable is not None:
+                self._durable.wrote()
 
     def fits(self, usd: float) -> bool:
         return not self.overrun and self.committed_usd + usd <= self.max_total_usd + _EPS
@@ -115,7 +120,9 @@ class SpendLedger:
             self._inflight[res.id] = res
             self.inflight_usd += res.usd
             self._write({"event": "reserve", "id": res.id, "key": key, "usd": res.usd})
-            return res
+        if self._durable is not None:
+            await self._durable.sync()  # the reservation is on disk before the request is sent
+        return res
 
     async def _finish(self, res: Reservation, rec: dict, booked: float) -> None:
         assert res.id in self._inflight, "reservation settled twice"
@@ -126,6 +133,8 @@ class SpendLedger:
             self.overrun = True
             rec["overrun"] = True
         self._write(rec)
+        if self._durable is not None:
+            await self._durable.sync()
         if self._cond is not None:
             async with self._cond:
                 self._cond.notify_all()
@@ -144,3 +153,5 @@ class SpendLedger:
     def close(self) -> None:
         if self._out is not None:
             self._out.close()
+        if self._durable is not None:
+            self._durable.close()
