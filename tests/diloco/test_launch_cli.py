@@ -128,3 +128,10 @@ def test_watch_redraws_until_done(tmp_path):
     out = io.StringIO()
     res = watch(Fake(), [ReplicaHandle(0, "fake")], refresh=0.01, out=out)
     assert [r.state for r in res] == ["succeeded"] and out.getvalue().count("rank") >= 2
+
+
+def test_config_without_a_store_is_rejected_before_launch(tmp_path, capsys):
+    p = tmp_path / "nostore.yaml"
+    p.write_text(yaml.safe_dump({"run_id": "x"}))
+    assert main(["launch", "--dry-run", str(p)]) == 1
+    assert "needs a `store` section" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["ReplicaConfig", "run_replica", "build_replica", "inner_steps", "make_batch", "main"]
 
@@ -81,6 +81,17 @@ class ReplicaConfig(_Strict):
     timeout_s: float = Field(600.0, gt=0)
     step_sleep_s: float = Field(0.0, ge=0, description="pause after each inner step (tests pace replicas)")
     num_threads: int = Field(1, ge=1, description="torch intra-op threads; 1 makes runs bit-reproducible")
+
+    @model_validator(mode="after")
+    def _sync_needs_its_section(self) -> ReplicaConfig:
+        if self.sync == "object_store" and self.store is None:
+            raise ValueError(
+                "sync: object_store needs a `store` section, e.g. {type: local, root: /shared/dir} "
+                "or {type: s3, bucket: NAME, prefix: diloco}"
+            )
+        if self.sync == "torchft" and self.torchft is None:
+            raise ValueError("sync: torchft needs a `torchft` section with `lighthouse: http://HOST:PORT`")
+        return self
 
 
 def _loss_fn() -> Any:
