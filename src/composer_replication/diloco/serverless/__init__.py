@@ -2,8 +2,7 @@
 SageMaker and EKS behind one protocol, and an all-reduce through an object store for replicas that
 cannot reach each other.
 
-The executors' SDKs load only when their backend is used. (Python imports the parent package
-``composer_replication.diloco`` first, which imports torchft when it is installed.)
+The executors' SDKs load only when their backend is used, and torchft only for ``sync: torchft``.
 """
 
 from __future__ import annotations
