@@ -74,14 +74,14 @@ def test_seam_functions_take_logits_mode(tiny_model, tiny_tokenizer):
         assert (out - ref).abs().max().item() < 1e-4
     ce_ref = lm_ce_channel(tiny_model, ids, resp, attention_mask=attn, logits_mode="full")
     ce = lm_ce_channel(tiny_model, ids, resp, attention_mask=attn, logits_mode="fused")
-    assert ce.count == ce_ref.count and abs(float(ce.loss) - float(ce_ref.loss)) < 1e-5
+    assert ce.count == ce_ref.count and abs(float(ce.loss.detach()) - float(ce_ref.loss.detach())) < 1e-5
     args = (tiny_model, ids, batch["ctx_teacher_input_ids"], batch["sdpo_loss_mask"])
     kw = dict(
         response_mask=resp, attention_mask=attn, teacher_attention_mask=batch["ctx_teacher_attention_mask"]
     )
     sd_ref = sdpo_channel(*args, logits_mode="full", **kw)
     sd = sdpo_channel(*args, logits_mode="fused", **kw)
-    assert sd.count == sd_ref.count and abs(float(sd.loss) - float(sd_ref.loss)) < 1e-5
+    assert sd.count == sd_ref.count and abs(float(sd.loss.detach()) - float(sd_ref.loss.detach())) < 1e-5
     with pytest.raises(ValueError, match="logits_mode"):
         sequence_logprobs(tiny_model, ids, resp, logits_mode="sparse")
     with pytest.raises(ValueError, match="head="):

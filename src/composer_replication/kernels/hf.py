@@ -43,7 +43,7 @@ LogitsMode = Literal["auto", "full", "chunked", "fused"]
 LOGITS_MODES = ("auto", "full", "chunked", "fused")
 FUSED_MIN_VOCAB = 32768
 _default_mode: str = "auto"
-_verified: dict[tuple[type, int], bool] = {}
+_verified: dict[tuple, bool] = {}
 # Config fields that rescale logits in ways LMHead does not model (Cohere, Granite, ...).
 _UNSUPPORTED_SCALES = ("logit_scale", "logits_scaling", "output_logits_scale")
 
@@ -105,7 +105,7 @@ def hidden_states(
 
 def _verify(model: Any, head: LMHead, input_ids: torch.Tensor) -> bool:
     """Does ``head(hidden_states)`` reproduce ``model(...).logits``? Checked once per model class."""
-    key = (type(model), head.vocab_size)
+    key = (type(model), head.vocab_size, head.softcap, head.bias is not None)
     if key not in _verified:
         ids = input_ids[:1, :4]
         was_training = model.training
