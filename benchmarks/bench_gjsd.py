@@ -107,7 +107,8 @@ def worker(args: argparse.Namespace) -> dict:
         return lab, [torch.randn(b, t_, H).requires_grad_(), torch.randn(b, t_, H), w_]
 
     fn = _variant_fn(v, args.beta, V, H)
-    lab, xs = make(1, 8, min(V, 4096))  # warm-up (small, so it cannot set the peak): first-call imports and lazy initialisation stay out of the timing
+    # Warm-up, small so it cannot set the peak: first-call imports and lazy init stay out of the timing.
+    lab, xs = make(1, 8, min(V, 4096))
     fn(lab, *xs).backward()
     del lab, xs
     labels, xs = make(B, T)
