@@ -113,7 +113,11 @@ def test_alpha_beta_zero_equals_plain_grpo(tok, tmp_path):
 
 @pytest.mark.parametrize(
     "objective, diagnostic",
-    [("dapo", "clip_ratio/high_mean"), ("cispo", "cispo_clip_ratio"), ("gspo", "clip_ratio/region_mean")],
+    [
+        ("dapo", "clip_ratio/high_mean"),
+        pytest.param("cispo", "cispo_clip_ratio", marks=pytest.mark.slow),
+        pytest.param("gspo", "clip_ratio/region_mean", marks=pytest.mark.slow),
+    ],
 )
 def test_preset_diagnostic_engages(tok, tmp_path, objective, diagnostic):
     """Two PPO epochs per generation at a large LR move the ratio past the preset's clip, so the

@@ -35,8 +35,10 @@ def test_three_channels_fire_and_lm_loss_falls(small_data, tmp_path, one_thread)
     final = train_offline(tiny_config(small_data, logging={"plot": True}), out_dir=tmp_path)
     log = rows(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in log] == list(range(1, 7))
-    for key in ("loss/lm_ce", "loss/sdpo_jsd", "loss/trace_replay_dpo"):
-        assert all(r[key] > 0 for r in log), key
+    # every step has all three channels (tokens / pairs), and each contributes a nonzero loss
+    assert all(r["lm_ce/tokens"] > 0 and r["sdpo/tokens"] > 0 and r["pref/pairs"] > 0 for r in log)
+    assert all(r["loss/lm_ce"] > 0 and r["loss/trace_replay_dpo"] > 0 for r in log)
+    assert max(r["loss/sdpo_jsd"] for r in log) > 1e-4  # a random tiny model barely reacts to the hint
     for r in log:  # the composition the config asks for (alpha = beta = 1)
         total = r["loss/lm_ce"] + r["loss/sdpo_jsd"] + r["loss/trace_replay_dpo"]
         assert r["loss/total"] == pytest.approx(total, rel=1e-5)

@@ -318,7 +318,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
                 for k, v in comps.detached().items():
                     totals[k] = totals.get(k, 0.0) + v / ga
                 for k, v in comps.metrics.items():
-                    if not k.endswith(("/tokens", "/pairs", "/loss")):
+                    if not k.endswith("/loss"):  # the /loss values duplicate loss/<channel>
                         extras[k] = extras.get(k, 0.0) + v / ga
             params = [p for p in model.parameters() if p.requires_grad]
             clip = cfg.optimizer.grad_clip
