@@ -25,7 +25,11 @@ def run(coro):
 
 
 def test_import_does_not_load_httpx():
-    code = "import sys, composer_replication.teacher_replay, composer_replication.replaysim; print('httpx' in sys.modules, 'data_juicer' in sys.modules)"
+    code = (
+        "import sys, composer_replication as cr, composer_replication.replaysim; "
+        "cr.replay_trace, cr.extract_dpo_pairs, cr.DEFAULT_TEACHERS, cr.DPOPair; "
+        "print('httpx' in sys.modules, 'data_juicer' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

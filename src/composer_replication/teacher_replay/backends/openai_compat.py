@@ -16,7 +16,7 @@ from typing import Any
 from .base import BILLED_NOTHING, BILLED_UNKNOWN, ChatRequest, ChatResponse, TeacherError
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
-_SHARD = 4
+_SHARD = 2
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 524, 529})
 
 
@@ -87,7 +87,7 @@ class OpenAICompatBackend:
         if self.is_openrouter:
             headers["X-OpenRouter-Title"] = "composer-replication"
         # httpcore's pool scans (and polls) every connection each time a request is assigned, so one
-        # pool of N connections costs O(N) syscalls per request. Shards of <= 4 connections, each
+        # pool of N connections costs O(N) syscalls per request. Shards of <= 2 connections, each
         # request sent on the least busy shard, keep that cost flat as the concurrency grows.
         n_shards = max(1, -(-concurrency // _SHARD))
         per = -(-concurrency // n_shards)
