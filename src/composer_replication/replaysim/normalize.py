@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,18 +177,26 @@ class DJNormalizer:
 
 
 class _quiet_dj:
-    """Lower data-juicer's loguru output to warnings for the duration (restored after)."""
+    """Silence data-juicer's loguru messages and the datasets progress bars for the duration.
+
+    Only data-juicer's own logger namespace is disabled: the host's loguru handlers stay as they are.
+    """
 
     def __enter__(self) -> None:
+        from datasets.utils import logging as ds_logging
         from loguru import logger
 
-        self._logger = logger
-        logger.remove()
-        self._hid = logger.add(sys.stderr, level="WARNING")
+        self._bars_enabled = ds_logging.is_progress_bar_enabled()
+        ds_logging.disable_progress_bar()
+        logger.disable("data_juicer")
 
     def __exit__(self, *exc: object) -> None:
-        self._logger.remove(self._hid)
-        self._logger.add(sys.stderr, level="INFO")
+        from datasets.utils import logging as ds_logging
+        from loguru import logger
+
+        logger.enable("data_juicer")
+        if self._bars_enabled:
+            ds_logging.enable_progress_bar()
 
 
 async def replay_and_normalize_trace(
