@@ -35,7 +35,7 @@ class NormalizedDPOPair:
     chosen_messages: list[dict[str, Any]]
     rejected_messages: list[dict[str, Any]]
     n_teachers_agreeing: int
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any]
 
 
 @dataclass

@@ -284,13 +284,37 @@ async def replay_trace(
     teachers: Sequence[TeacherSpec] = tuple(DEFAULT_TEACHERS),
     max_total_usd: float = 5.0,
     api_key: str | None = None,
-    **kwargs: Any,
+    *,
+    cache_path: str | Path | None = None,
+    ledger_path: str | Path | None = None,
+    concurrency: int = 16,
+    max_tokens: int = 1024,
+    timeout_s: float = 120.0,
+    retry: RetryPolicy | None = None,
+    stop: Callable[[], str | None] | None = None,
+    kill_switch: Any = None,
+    progress: bool = True,
+    fsync: bool = False,
 ) -> list[TeacherCallResult]:
     """For each state, one call per teacher; the recorded spend never exceeds ``max_total_usd``.
 
-    A thin wrapper over :func:`replay_states` (keyword options: ``cache_path``, ``ledger_path``,
-    ``concurrency``, ``max_tokens``, ``timeout_s``, ``retry``, ``stop``, ``progress``). Returns one
-    row per (state, teacher), in order; calls the budget did not allow carry ``error="not sent: ..."``.
+    A thin wrapper over :func:`replay_states` (same keyword options). Returns one row per
+    (state, teacher), in order; calls the budget did not allow carry ``error="not sent: ..."``.
     """
-    report = await replay_states(states, teachers, max_total_usd=max_total_usd, api_key=api_key, **kwargs)
+    report = await replay_states(
+        states,
+        teachers,
+        max_total_usd=max_total_usd,
+        api_key=api_key,
+        cache_path=cache_path,
+        ledger_path=ledger_path,
+        concurrency=concurrency,
+        max_tokens=max_tokens,
+        timeout_s=timeout_s,
+        retry=retry,
+        stop=stop,
+        kill_switch=kill_switch,
+        progress=progress,
+        fsync=fsync,
+    )
     return report.results

@@ -1,7 +1,5 @@
 """Record types of teacher replay (API reference §6) and the default teacher set."""
 
-from __future__ import annotations
-
 from typing import NotRequired, TypedDict
 
 
