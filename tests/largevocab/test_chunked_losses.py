@@ -328,3 +328,21 @@ def test_real_qwen_vocabulary_small_T():
         _close(a, b, torch.float32)
     full = generalized_jsd_loss(zs, zt, labels, beta=0.0)
     _close(fused_generalized_jsd_loss(hs, ht, head, labels, beta=0.0), full, torch.float32)
+
+
+def test_non_contiguous_logits_slices():
+    """``logits[:, :-1]`` cannot be viewed as (N, V): rows are gathered per chunk, not copied whole."""
+    g = torch.Generator().manual_seed(9)
+    full_s = torch.randn(B, T + 1, V, generator=g, dtype=torch.float64, requires_grad=True)
+    full_t = torch.randn(B, T + 1, V, generator=g, dtype=torch.float64)
+    s, t = full_s[:, :-1], full_t[:, :-1]
+    labels = _labels()
+    for reduction in ("batchmean", "none"):
+        ref = generalized_jsd_loss(s, t, labels, beta=0.3, reduction=reduction)
+        out = chunked_generalized_jsd_loss(s, t, labels, beta=0.3, reduction=reduction, chunk_rows=4)
+        _close(out, ref, torch.float64)
+        _close(_grads(out, [full_s])[0], _grads(ref, [full_s])[0], torch.float64)
+    ref_lp = torch.log_softmax(s, -1).gather(-1, labels.clamp_min(0)[..., None])[..., 0] * (labels != -100)
+    out = chunked_token_logprobs(s, labels, chunk_rows=3)
+    _close(out, ref_lp, torch.float64)
+    _close(_grads(out, [full_s])[0], _grads(ref_lp, [full_s])[0], torch.float64)

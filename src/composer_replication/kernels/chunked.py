@@ -62,6 +62,32 @@ def _grad_buffer(x: torch.Tensor) -> torch.Tensor:
     return torch.zeros(x.shape, dtype=dtype, device=x.device)
 
 
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    """(N, V) view of (..., V) logits, or the 3-D tensor itself when a view is impossible.
+
+    ``logits[:, :-1]`` is not viewable as (N, V); reshaping would copy all the logits, so the
+    engine gathers such rows per chunk instead (`_take_rows`).
+    """
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:
+        return x if x.dim() == 3 else x.reshape(-1, x.shape[-1])
+
+
+def _take_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    if x.dim() == 3 and idx.dim() == 1:
+        return x[idx // x.shape[1], idx % x.shape[1]]
+    return x.index_select(0, idx)
+
+
+def _add_rows(buf: torch.Tensor, idx: torch.Tensor, g: torch.Tensor) -> None:
+    g = g.to(buf.dtype)
+    if buf.dim() == 3:
+        buf.index_put_((idx // buf.shape[1], idx % buf.shape[1]), g, accumulate=True)
+    else:
+        buf.index_add_(0, idx, g)
+
+
 def _chunk_inputs(n_row, tensors, idx, needs):
     """Gather one chunk of rows; detach everything and mark what needs a gradient."""
     out = []
@@ -69,7 +95,7 @@ def _chunk_inputs(n_row, tensors, idx, needs):
         if x is None:
             out.append(None)
             continue
-        y = x.index_select(0, idx) if i < n_row else x
+        y = _take_rows(x, idx) if i < n_row else x
         y = y.detach()
         if needs[i]:
             y.requires_grad_(True)
@@ -115,7 +141,7 @@ class _ChunkedRows(torch.autograd.Function):
                     if g is None:
                         continue
                     if i < n_row:
-                        grads[i].index_add_(0, idx, g.to(grads[i].dtype))
+                        _add_rows(grads[i], idx, g)
                     else:
                         grads[i] += g
         ctx.grads = grads
@@ -158,7 +184,7 @@ class _ChunkedRows(torch.autograd.Function):
                 if g is None:
                     continue
                 if i < n_row:
-                    grads[i].index_add_(0, idx, g.to(grads[i].dtype))
+                    _add_rows(grads[i], idx, g)
                 else:
                     grads[i] += g
         res = [None if g is None else g.to(x.dtype) for g, x in zip(grads, tensors)]
@@ -283,11 +309,10 @@ def chunked_generalized_jsd_loss(
 
     _check(student_logits, teacher_logits, labels, beta, temperature, reduction, top_k, token_clip)
     *lead, V = student_logits.shape
-    N = math.prod(lead)
     keep, denom = gjsd_plan(lead, V, labels, reduction, top_k, num_items_in_batch, student_logits.device)
     return reduce_rows(
         gjsd_row_fn(beta, temperature, logits_are_probs, top_k, token_clip),
-        [student_logits.reshape(N, V), teacher_logits.reshape(N, V)],
+        [_as_rows(student_logits), _as_rows(teacher_logits)],
         mask_N=keep,
         denom=denom,
         out_shape=tuple(lead),
@@ -333,13 +358,12 @@ def chunked_taid_loss(
         raise ValueError("student_logits and teacher_logits must have the same (B, T, V) shape")
     _check_t(t)
     *lead, V = student_logits.shape
-    N = math.prod(lead)
     tv = float(t)
     dtype = torch.promote_types(student_logits.dtype, torch.float32)
     w, denom = taid_plan(mask, tuple(lead), dtype, student_logits.device)
     return reduce_rows(
         lambda s, te: taid_rows(s, te, t=tv),
-        [student_logits.reshape(N, V), teacher_logits.reshape(N, V)],
+        [_as_rows(student_logits), _as_rows(teacher_logits)],
         mask_N=w,
         denom=denom,
         out_shape=tuple(lead),
@@ -386,11 +410,10 @@ def chunked_entropy_aware_opd_loss(
     if student_logits.shape != teacher_logits.shape:
         raise ValueError("student_logits and teacher_logits must have the same (B, T, V) shape")
     *lead, V = student_logits.shape
-    N = math.prod(lead)
     keep, denom, hm = eopd_plan(labels, tuple(lead), V, reduction, h_max, temperature, student_logits.device)
     return reduce_rows(
         lambda s, te: eopd_rows(s, te, h_max=hm, temperature=temperature),
-        [student_logits.reshape(N, V), teacher_logits.reshape(N, V)],
+        [_as_rows(student_logits), _as_rows(teacher_logits)],
         mask_N=keep,
         denom=denom,
         out_shape=tuple(lead),
@@ -409,7 +432,7 @@ def chunked_token_logprobs(
     safe = torch.where(valid, lab, torch.zeros_like(lab))
     return reduce_rows(
         logprob_rows,
-        [logits_BTV.reshape(N, V), safe],
+        [_as_rows(logits_BTV), safe],
         mask_N=valid,
         denom=None,
         out_shape=tuple(lead),
@@ -432,7 +455,7 @@ def chunked_cross_entropy(
     safe = torch.where(valid, lab, torch.zeros_like(lab))
     return reduce_rows(
         lambda z, y: ce_rows(z, y, label_smoothing=label_smoothing),
-        [logits_NV.reshape(-1, V), safe],
+        [_as_rows(logits_NV), safe],
         mask_N=valid,
         denom=valid.sum(),
         out_shape=(),
