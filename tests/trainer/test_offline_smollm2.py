@@ -1,7 +1,7 @@
 """Slow: offline three-channel training of SmolLM2-135M-Instruct on the bundled real sessions.
 
-Run (numbers recorded in docs/training.md):
-    flock /tmp/bigmem.lock python3 -m pytest tests/trainer/test_offline_smollm2.py -m slow -s
+LoRA (r=16, all linear layers) keeps the process near 2 GB. Run (numbers in docs/training.md):
+    python3 -m pytest tests/trainer/test_offline_smollm2.py -m slow -s
 """
 
 from __future__ import annotations
@@ -25,24 +25,25 @@ def test_smollm2_offline_loss_falls_preferences_and_jsd_improve(ingested, tmp_pa
         "data": {
             "traces": str(ingested / "traces.jsonl"),
             "pairs": str(ingested / "pairs.jsonl"),
-            "max_seq_len": 384,
-            "max_dpo_seq_len": 256,
-            "eval_fraction": 0.25,
+            "max_seq_len": 256,
+            "max_dpo_seq_len": 192,
+            "eval_fraction": 0.15,
         },
         "loss": {"sdpo": {"weight": 1.0}, "preference": {"weight": 1.0, "dpo_beta": 0.1}},
-        "optimizer": {"lr": 5e-5},
-        "schedule": {"max_steps": 24, "batch_size": 2, "grad_accum": 1, "warmup_steps": 2},
+        "optimizer": {"lr": 1e-3},
+        "lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": "all-linear"},
+        "schedule": {"max_steps": 10, "batch_size": 1, "grad_accum": 1, "warmup_steps": 1},
         "checkpoint": {"every_steps": 0, "keep_last": 1},
         "logging": {"progress": True},
     }
     final = train_offline(cfg, out_dir=tmp_path)
     initial = json.loads((tmp_path / "initial_metrics.json").read_text())
     log = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    first = sum(r["loss/total"] for r in log[:5]) / 5
-    last = sum(r["loss/total"] for r in log[-5:]) / 5
+    first = sum(r["loss/total"] for r in log[:3]) / 3
+    last = sum(r["loss/total"] for r in log[-3:]) / 3
     print(
         json.dumps(
-            {"initial": initial, "final": final, "train_total_first5": first, "train_total_last5": last}
+            {"initial": initial, "final": final, "train_total_first3": first, "train_total_last3": last}
         )
     )
     assert last < first
