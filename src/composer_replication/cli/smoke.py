@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{'step':>4} {'batch':<13} {'total':>9} {'lm_ce':>9} {'sdpo':>10} {'pref':>9} {'grad':>8} {'sec':>6}"
     )
-    first = last = None
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
     for step in range(args.steps):
         t_step = time.perf_counter()
         variant, batch = VARIANTS[step % len(VARIANTS)], batches[step % len(VARIANTS)]
@@ -97,9 +98,10 @@ def run(args: argparse.Namespace) -> int:
         if sched:
             sched.update_t(out.sdpo_jsd.detach(), global_step=step + 1)
         d = out.detached()
-        first = d if first is None else first
-        last = d
+        first.setdefault(variant, d["lm_ce"])
+        last[variant] = d["lm_ce"]
         print(f"{step:>4} {variant:<13} {d['total']:>9.4f} {d['lm_ce']:>9.4f} {d['sdpo_jsd']:>10.3g} "
               f"{d['trace_replay_dpo']:>9.4f} {grad:>8.3f} {time.perf_counter() - t_step:>6.1f}")  # fmt: skip
-    print(f"done in {time.perf_counter() - t0:.1f}s; lm_ce {first['lm_ce']:.4f} -> {last['lm_ce']:.4f}")
+    trend = ", ".join(f"{v} {first[v]:.4f} -> {last[v]:.4f}" for v in first)
+    print(f"done in {time.perf_counter() - t0:.1f}s; lm_ce per batch: {trend}")
     return 0
