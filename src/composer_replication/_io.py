@@ -28,7 +28,9 @@ class DataFileError(ValueError):
 
 
 @contextmanager
-def atomic_open(path: str | os.PathLike[str], mode: str = "w", encoding: str | None = "utf-8") -> Iterator[TextIO]:
+def atomic_open(
+    path: str | os.PathLike[str], mode: str = "w", encoding: str | None = "utf-8"
+) -> Iterator[TextIO]:
     """Open a temp file beside ``path``; on clean exit fsync and rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

