@@ -168,6 +168,200 @@ def _check_stop(stop, kill_switch) -> str | None:
     return reason
 
 
+class OfflineStepper:
+    """One optimizer step at a time over the offline data streams (what ``train_offline`` and DiLoCo replicas run).
+
+    Holds the model, tokenizer, optimizer, LR schedule, the trace and pair streams, the TAID schedule
+    and the cached reference log-probs. :meth:`step` takes ``grad_accum`` micro-batches, sums
+    ``compose_loss(...).total / grad_accum``, clips, steps and returns the per-channel metrics
+    (``loss/<channel>``, channel extras, ``grad_norm``, ``lr``, ``taid_t``). ``state_dict`` /
+    ``load_state_dict`` cover everything but the global RNG state (``checkpoint.rng_state``).
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        model: Any,
+        tok: Any,
+        device: torch.device,
+        *,
+        train_traces: list[dict],
+        train_pairs: list[dict],
+        ref_pairs: list[dict] | None = None,
+        collator: Any = None,
+    ) -> None:
+        self.cfg, self.model, self.tok, self.device = cfg, model, tok, device
+        self.step_count = 0
+        bs = cfg.schedule.batch_size
+        use_pairs = bool(train_pairs) and cfg.loss.preference.weight > 0
+        self.trace_stream = od.Stream(train_traces, bs, cfg.seed) if train_traces else None
+        self.pair_stream = od.Stream(train_pairs, bs, cfg.seed + 1) if use_pairs else None
+        if collator is None and train_traces:
+            collator = od.make_collator(
+                tok, cfg.data.max_seq_len, cfg.data.max_dpo_seq_len, cfg.loss.sdpo.weight > 0
+            )
+        self.collator = collator
+        self._ref_pairs = train_pairs if ref_pairs is None else ref_pairs
+        self._ref: dict[str, tuple] | None = None
+        self.opt, self.sched = _optimizer(cfg, model)
+        self.taid = None
+        if cfg.loss.sdpo.wrapper == "taid":
+            from composer_replication.distillation import TAIDScheduler
+
+            t = cfg.loss.sdpo.taid
+            self.taid = TAIDScheduler(
+                cfg.schedule.max_steps,
+                t_start=t.t_start,
+                t_end=t.t_end,
+                alpha=t.alpha,
+                beta=t.beta,
+                disable_adaptive=t.disable_adaptive,
+            )
+
+    @property
+    def ref(self) -> dict[str, tuple]:
+        """Reference log-probs per pair id, computed on first use with the weights at that moment."""
+        if self._ref is None:
+            pairs = self._ref_pairs
+            self._ref = (
+                reference_logprobs(self.model, self.tok, pairs, self.cfg.data.max_dpo_seq_len)
+                if pairs
+                else {}
+            )
+        return self._ref
+
+    def _micro_batch(self) -> dict[str, torch.Tensor]:
+        cfg, dev = self.cfg, self.device
+        batch: dict[str, torch.Tensor] = {}
+        if self.trace_stream is not None:
+            batch.update(
+                {
+                    k: v.to(dev)
+                    for k, v in od.trace_batch(self.collator, self.trace_stream.next_batch()).items()
+                }
+            )
+        if self.pair_stream is not None:
+            batch.update(
+                pair_batch(self.tok, self.pair_stream.next_batch(), self.ref, cfg.data.max_dpo_seq_len, dev)
+            )
+        if "input_ids" not in batch:  # pairs only: the CE channel trains on the chosen responses
+            batch["input_ids"] = batch["dpo_chosen_input_ids"]
+            batch["response_mask"] = batch["dpo_chosen_response_mask"]
+        return batch
+
+    def step(self) -> dict[str, float]:
+        """One optimizer step over the next ``grad_accum`` batches; returns its metrics."""
+        from composer_replication.loss import compose_loss
+
+        cfg, ga = self.cfg, self.cfg.schedule.grad_accum
+        if self.pair_stream is not None:
+            _ = self.ref  # computed before the first update: the reference is the initial policy
+        self.opt.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        extras: dict[str, float] = {}
+        for _i in range(ga):
+            comps = compose_loss(self.model, self._micro_batch(), **_loss_kwargs(cfg, self.taid))
+            (comps.total / ga).backward()
+            for k, v in comps.detached().items():
+                totals[k] = totals.get(k, 0.0) + v / ga
+            for k, v in comps.metrics.items():
+                if not k.endswith("/loss"):  # the /loss values duplicate loss/<channel>
+                    extras[k] = extras.get(k, 0.0) + v / ga
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        clip = cfg.optimizer.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
+        self.opt.step()
+        self.sched.step()
+        self.step_count += 1
+        if self.taid is not None:
+            self.taid.update_t(totals["sdpo_jsd"], global_step=self.step_count)
+        row = {f"loss/{k}": v for k, v in totals.items()}
+        row.update(extras, grad_norm=float(grad_norm), lr=self.sched.get_last_lr()[0])
+        if self.taid is not None:
+            row["taid_t"] = self.taid.t
+        return row
+
+    def skip_to(self, step: int) -> None:
+        """Advance the data streams and LR schedule to ``step`` without training (a replica catching up)."""
+        import warnings
+
+        while self.step_count < step:
+            for _ in range(self.cfg.schedule.grad_accum):
+                for stream in (self.trace_stream, self.pair_stream):
+                    if stream is not None:
+                        stream.next_batch()
+            with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": intended here
+                warnings.simplefilter("ignore")
+                self.sched.step()
+            self.step_count += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step_count,
+            "model": ckpt.trainable_state(self.model),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "trace_stream": self.trace_stream.state_dict() if self.trace_stream else None,
+            "pair_stream": self.pair_stream.state_dict() if self.pair_stream else None,
+            "taid": self.taid.state_dict() if self.taid is not None else None,
+            "ref_logprobs": self.ref,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ckpt.restore_model(self.model, state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self._ref = state["ref_logprobs"]
+        if self.trace_stream is not None:
+            self.trace_stream.load_state_dict(state["trace_stream"])
+        if self.pair_stream is not None:
+            self.pair_stream.load_state_dict(state["pair_stream"])
+        if self.taid is not None:
+            self.taid.load_state_dict(state["taid"])
+        self.step_count = state["step"]
+
+
+def make_offline_stepper(
+    config: TrainConfig | dict,
+    *,
+    model: Any | None = None,
+    tokenizer: Any | None = None,
+    device: str | None = None,
+    shard: tuple[int, int] | None = None,
+) -> OfflineStepper:
+    """An :class:`OfflineStepper` on ``config.data`` (the training split; held-out rows are left out).
+
+    ``model``/``tokenizer`` default to :func:`load_model` (seeded by ``config.seed``, so every caller
+    gets the same initial weights). ``shard=(rank, world_size)`` keeps every ``world_size``-th training
+    row from ``rank`` on, per stream (DiLoCo replicas each train on their own slice).
+    """
+    cfg = config if isinstance(config, TrainConfig) else build_config(config)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if model is None:
+        model, loaded_tok = load_model(cfg, dev)
+        tokenizer = tokenizer or loaded_tok
+    elif tokenizer is None:
+        raise ValueError("make_offline_stepper(model=...) needs tokenizer=... too")
+    model.train()
+    traces, _ = od.split(
+        od.load_rows(cfg.data.traces),
+        lambda r: str(r.get("example_id") or r.get("trace_id")),
+        cfg.data.eval_fraction,
+    )
+    pairs, _ = od.split(
+        od.load_rows(cfg.data.pairs), lambda r: pair_tokens.pair_fields(r)[0], cfg.data.eval_fraction
+    )
+    if shard is not None:
+        rank, world = shard
+        traces, pairs = traces[rank::world], pairs[rank::world]
+        if not traces and not pairs:
+            raise ValueError(
+                f"shard {rank} of {world} has no training rows in {cfg.data.traces} / {cfg.data.pairs}: "
+                "add data or use fewer replicas"
+            )
+    return OfflineStepper(cfg, model, tokenizer, dev, train_traces=traces, train_pairs=pairs)
+
+
 def train_offline(
     config: TrainConfig | dict,
     *,
@@ -196,7 +390,6 @@ def train_offline(
 
 def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, float]:
     from composer_replication._io import JsonlAppender, atomic_write_json
-    from composer_replication.loss import compose_loss
 
     cfg = config if isinstance(config, TrainConfig) else build_config(config)
     out = Path(out_dir)
@@ -220,63 +413,33 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
     )
     pid = lambda r: pair_tokens.pair_fields(r)[0]  # noqa: E731
     train_pairs, eval_pairs = od.split(pairs, pid, cfg.data.eval_fraction)
-    use_pairs = bool(train_pairs) and cfg.loss.preference.weight > 0
-    bs = cfg.schedule.batch_size
-    trace_stream = od.Stream(train_traces, bs, cfg.seed) if train_traces else None
-    pair_stream = od.Stream(train_pairs, bs, cfg.seed + 1) if use_pairs else None
     collator = (
         od.make_collator(tok, cfg.data.max_seq_len, cfg.data.max_dpo_seq_len, cfg.loss.sdpo.weight > 0)
         if traces
         else None
     )
-    opt, sched = _optimizer(cfg, model)
-    taid = None
-    if cfg.loss.sdpo.wrapper == "taid":
-        from composer_replication.distillation import TAIDScheduler
+    stepper = OfflineStepper(
+        cfg,
+        model,
+        tok,
+        dev,
+        train_traces=train_traces,
+        train_pairs=train_pairs,
+        ref_pairs=pairs,
+        collator=collator,
+    )
 
-        t = cfg.loss.sdpo.taid
-        taid = TAIDScheduler(
-            cfg.schedule.max_steps,
-            t_start=t.t_start,
-            t_end=t.t_end,
-            alpha=t.alpha,
-            beta=t.beta,
-            disable_adaptive=t.disable_adaptive,
-        )
-
-    step = 0
     if latest is not None:
         state = ckpt.load_checkpoint(latest)
-        ckpt.restore_model(model, state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        ref = state["ref_logprobs"]
-        if trace_stream is not None:
-            trace_stream.load_state_dict(state["trace_stream"])
-        if pair_stream is not None:
-            pair_stream.load_state_dict(state["pair_stream"])
-        if taid is not None:
-            taid.load_state_dict(state["taid"])
-        step = state["step"]
+        stepper.load_state_dict(state)
         ckpt.set_rng_state(state["rng"])
-        _truncate_metrics(out / "metrics.jsonl", step)
+        _truncate_metrics(out / "metrics.jsonl", stepper.step_count)
     else:
-        ref = reference_logprobs(model, tok, pairs, cfg.data.max_dpo_seq_len) if pairs else {}
-        initial = evaluate(model, tok, cfg, eval_traces, eval_pairs, ref, collator)
+        initial = evaluate(model, tok, cfg, eval_traces, eval_pairs, stepper.ref, collator)
         atomic_write_json(out / "initial_metrics.json", initial)
 
     def save(at: int) -> Path:
-        state = {
-            "step": at,
-            "model": ckpt.trainable_state(model),
-            "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(),
-            "trace_stream": trace_stream.state_dict() if trace_stream else None,
-            "pair_stream": pair_stream.state_dict() if pair_stream else None,
-            "taid": taid.state_dict() if taid is not None else None,
-            "ref_logprobs": ref,
-            "rng": ckpt.rng_state(),
-        }
+        state = {**stepper.state_dict(), "step": at, "rng": ckpt.rng_state()}
         return ckpt.save_checkpoint(ckpt_dir, at, state, keep_last=cfg.checkpoint.keep_last)
 
     from composer_replication.trainer.trackers import open_trackers
@@ -284,11 +447,11 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
     trackers = open_trackers(cfg.logging.report_to, out, cfg.model_dump(mode="json"))
     metrics_log = JsonlAppender(out / "metrics.jsonl")
     bar = None
+    step = stepper.step_count
     if cfg.logging.progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=cfg.schedule.max_steps, initial=step, desc="train", unit="step")
-    ga = cfg.schedule.grad_accum
     try:
         while step < cfg.schedule.max_steps:
             reason = _check_stop(stop, kill_switch)
@@ -297,50 +460,18 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
                 from composer_replication.safety.kill_switch import KillSwitchTriggered
 
                 raise KillSwitchTriggered(reason)
-            opt.zero_grad(set_to_none=True)
-            totals: dict[str, float] = {}
-            extras: dict[str, float] = {}
-            for _ in range(ga):
-                batch: dict[str, torch.Tensor] = {}
-                if trace_stream is not None:
-                    batch.update(
-                        {k: v.to(dev) for k, v in od.trace_batch(collator, trace_stream.next_batch()).items()}
-                    )
-                if pair_stream is not None:
-                    batch.update(
-                        pair_batch(tok, pair_stream.next_batch(), ref, cfg.data.max_dpo_seq_len, dev)
-                    )
-                if "input_ids" not in batch:  # pairs only: the CE channel trains on the chosen responses
-                    batch["input_ids"] = batch["dpo_chosen_input_ids"]
-                    batch["response_mask"] = batch["dpo_chosen_response_mask"]
-                comps = compose_loss(model, batch, **_loss_kwargs(cfg, taid))
-                (comps.total / ga).backward()
-                for k, v in comps.detached().items():
-                    totals[k] = totals.get(k, 0.0) + v / ga
-                for k, v in comps.metrics.items():
-                    if not k.endswith("/loss"):  # the /loss values duplicate loss/<channel>
-                        extras[k] = extras.get(k, 0.0) + v / ga
-            params = [p for p in model.parameters() if p.requires_grad]
-            clip = cfg.optimizer.grad_clip
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
-            opt.step()
-            sched.step()
-            step += 1
-            if taid is not None:
-                taid.update_t(totals["sdpo_jsd"], global_step=step)
+            metrics = stepper.step()
+            step = stepper.step_count
             if kill_switch is not None:
-                kill_switch.observe(step=step, loss=totals["total"], grad_norm=float(grad_norm))
+                kill_switch.observe(step=step, loss=metrics["loss/total"], grad_norm=metrics["grad_norm"])
             if step % cfg.logging.log_every == 0 or step == cfg.schedule.max_steps:
-                row = {"step": step, **{f"loss/{k}": v for k, v in totals.items()}}
-                row.update(extras, grad_norm=float(grad_norm), lr=sched.get_last_lr()[0])
-                if taid is not None:
-                    row["taid_t"] = taid.t
+                row = {"step": step, **metrics}
                 metrics_log.write(row)
                 for tracker in trackers:
                     tracker.log(row, step)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{totals['total']:.4f}")
+                bar.set_postfix(loss=f"{metrics['loss/total']:.4f}")
             if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 save(step)
     finally:
@@ -351,7 +482,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
             tracker.close()
     if ckpt.latest_checkpoint(ckpt_dir) is None or not (ckpt_dir / f"step-{step:08d}").exists():
         save(step)
-    final = evaluate(model, tok, cfg, eval_traces, eval_pairs, ref, collator)
+    final = evaluate(model, tok, cfg, eval_traces, eval_pairs, stepper.ref, collator)
     final.update(step=step)
     atomic_write_json(out / "final_metrics.json", final)
     if cfg.logging.plot:

@@ -9,8 +9,11 @@ torchft (``sync: torchft``, when replicas can reach a lighthouse). After every r
 state (parameters and outer momentum) is published create-only under ``<run>/state/``: a replica
 that restarts, or falls behind, adopts the newest state instead of replaying rounds.
 
-Inner steps are a language-model cross-entropy loop on the configured model and data, through
-``composer_replication.loss.token_logprobs`` when the losses module is installed.
+Inner steps (``inner``): ``lm_ce`` (default) is a language-model cross-entropy loop on the
+configured tiny model and synthetic data, through ``composer_replication.loss.token_logprobs``;
+``offline`` runs the offline trainer's steps (SFT CE + α·SDPO + β·DPO through ``compose_loss``) via
+:func:`composer_replication.trainer.offline.make_offline_stepper` on the ``offline`` section (a
+``TrainConfig``), each replica on its own shard (``rank::world_size``) of the training rows.
 """
 
 from __future__ import annotations
@@ -26,7 +29,15 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["ReplicaConfig", "run_replica", "build_replica", "inner_steps", "make_batch", "main"]
+__all__ = [
+    "ReplicaConfig",
+    "run_replica",
+    "build_replica",
+    "build_inner",
+    "inner_steps",
+    "make_batch",
+    "main",
+]
 
 
 class _Strict(BaseModel):
@@ -81,6 +92,13 @@ class ReplicaConfig(_Strict):
     timeout_s: float = Field(600.0, gt=0)
     step_sleep_s: float = Field(0.0, ge=0, description="pause after each inner step (tests pace replicas)")
     num_threads: int = Field(1, ge=1, description="torch intra-op threads; 1 makes runs bit-reproducible")
+    inner: Literal["lm_ce", "offline"] = Field(
+        "lm_ce",
+        description="lm_ce: CE on synthetic tokens; offline: the offline trainer's three-channel step",
+    )
+    offline: dict[str, Any] | None = Field(
+        None, description="for inner: offline, an offline TrainConfig (docs/training.md); model/data ignored"
+    )
 
     @model_validator(mode="after")
     def _sync_needs_its_section(self) -> ReplicaConfig:
@@ -91,7 +109,28 @@ class ReplicaConfig(_Strict):
             )
         if self.sync == "torchft" and self.torchft is None:
             raise ValueError("sync: torchft needs a `torchft` section with `lighthouse: http://HOST:PORT`")
+        if self.inner == "offline":
+            if self.offline is None:
+                raise ValueError(
+                    "inner: offline needs an `offline` section: a TrainConfig such as "
+                    "{model: {path: tiny}, data: {traces: traces.jsonl, pairs: pairs.jsonl}}"
+                )
+            if self.sync == "torchft":
+                raise ValueError(
+                    "inner: offline runs with sync: object_store only (torchft uses inner: lm_ce)"
+                )
+            self.offline_train_config()  # a bad section fails here, before anything is launched
+        elif self.offline is not None:
+            raise ValueError("an `offline` section needs inner: offline")
         return self
+
+    def offline_train_config(self) -> Any:
+        """The ``offline`` section as a ``TrainConfig``; ``schedule.max_steps`` defaults to rounds × H."""
+        from composer_replication.config import build_config
+
+        data = json.loads(json.dumps(self.offline or {}))
+        data.setdefault("schedule", {}).setdefault("max_steps", self.rounds * self.inner_steps)
+        return build_config(data, source="offline")
 
 
 def _loss_fn() -> Any:
@@ -162,6 +201,46 @@ def inner_steps(
     return sum(losses) / len(losses)
 
 
+class _LmCeInner:
+    """``inner: lm_ce``: the tiny model, its AdamW, and batches that are a function of (rank, round, step)."""
+
+    def __init__(self, cfg: ReplicaConfig, rank: int) -> None:
+        self.cfg, self.rank = cfg, rank
+        self.model, self.opt = build_replica(cfg)
+
+    def run_round(self, round_index: int) -> dict[str, Any]:
+        return {"loss": inner_steps(self.cfg, self.model, self.opt, rank=self.rank, round_index=round_index)}
+
+
+class _OfflineInner:
+    """``inner: offline``: the offline trainer's stepper on this replica's shard of the data."""
+
+    def __init__(self, cfg: ReplicaConfig, rank: int, world_size: int) -> None:
+        from composer_replication.trainer.offline import make_offline_stepper
+
+        self.cfg = cfg
+        self.stepper = make_offline_stepper(cfg.offline_train_config(), shard=(rank, world_size))
+        self.model = self.stepper.model
+
+    def run_round(self, round_index: int) -> dict[str, Any]:
+        # a replica that adopted a later global state skips the batches of the rounds it missed
+        self.stepper.skip_to(round_index * self.cfg.inner_steps)
+        rows = []
+        for _ in range(self.cfg.inner_steps):
+            rows.append(self.stepper.step())
+            if self.cfg.step_sleep_s:
+                time.sleep(self.cfg.step_sleep_s)
+        mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+        return {"loss": mean["loss/total"], "metrics": mean}
+
+
+def build_inner(cfg: ReplicaConfig, *, rank: int, world_size: int) -> _LmCeInner | _OfflineInner:
+    """The inner loop for ``cfg.inner``: ``.model`` and ``.run_round(r) -> {"loss", ["metrics"]}``."""
+    if cfg.inner == "offline":
+        return _OfflineInner(cfg, rank, world_size)
+    return _LmCeInner(cfg, rank)
+
+
 class _Log:
     """Append-only JSONL metrics in ``run_dir`` and a one-line status the launcher shows."""
 
@@ -202,7 +281,8 @@ def _run_object_store(cfg: ReplicaConfig, rank: int, world_size: int, log: _Log)
             "sync: object_store needs a `store` ({'type': 'local', 'root': ...} or {'type': 's3', ...})"
         )
     store = make_store(cfg.store)
-    model, inner_opt = build_replica(cfg)
+    inner = build_inner(cfg, rank=rank, world_size=world_size)
+    model = inner.model
     outer = OuterOptimizer(
         dict(model.named_parameters()), lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.nesterov
     )
@@ -216,7 +296,7 @@ def _run_object_store(cfg: ReplicaConfig, rank: int, world_size: int, log: _Log)
             r = latest[0] + 1
             continue
         outer.load_into(model)
-        loss = inner_steps(cfg, model, inner_opt, rank=rank, round_index=r)
+        out = inner.run_round(r)
         res = object_store_allreduce(
             store,
             pseudo_gradient(outer.params, model),
@@ -233,7 +313,8 @@ def _run_object_store(cfg: ReplicaConfig, rank: int, world_size: int, log: _Log)
         store.put_if_absent(f"{cfg.run_id}/state/{r:06d}.safetensors", state)
         row = {
             "round": r,
-            "loss": loss,
+            "loss": out["loss"],
+            **({"metrics": out["metrics"]} if "metrics" in out else {}),
             "participants": res.participants,
             "included": res.included,
             "rejected": {str(k): v for k, v in res.rejected.items()},

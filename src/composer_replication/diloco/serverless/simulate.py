@@ -69,7 +69,10 @@ def pseudo_gradient(
     global_params: Mapping[str, torch.Tensor], model: torch.nn.Module
 ) -> dict[str, torch.Tensor]:
     """``theta_global - theta_local`` per parameter (the direction the outer step descends)."""
-    return {name: global_params[name].detach() - p.detach() for name, p in model.named_parameters()}
+    return {
+        name: global_params[name].detach() - p.detach().to(global_params[name].device)
+        for name, p in model.named_parameters()
+    }
 
 
 def params_sha256(model_or_params: torch.nn.Module | Mapping[str, torch.Tensor]) -> str:
@@ -92,29 +95,35 @@ def simulate_diloco(config: Mapping[str, Any], world_size: int) -> dict[str, Any
     """Run ``world_size`` DiLoCo replicas sequentially in this process, with the replicas' config.
 
     Returns ``{"params": global parameters after the last round, "param_sha256", "losses": per
-    replica per round mean inner loss}``.
+    replica per round mean inner loss, "metrics": per replica per round mean inner metrics (inner:
+    offline; else empty dicts)}``. Any ``inner`` mode: each replica gets the same inner loop as the
+    distributed replica of that rank.
     """
-    from composer_replication.diloco.serverless.replica_entrypoint import (
-        ReplicaConfig,
-        build_replica,
-        inner_steps,
-    )
+    from composer_replication.diloco.serverless.replica_entrypoint import ReplicaConfig, build_inner
 
     cfg = ReplicaConfig.model_validate(dict(config))
     torch.set_num_threads(cfg.num_threads)
-    replicas = [build_replica(cfg) for _ in range(world_size)]
+    replicas = [build_inner(cfg, rank=rank, world_size=world_size) for rank in range(world_size)]
     outer = OuterOptimizer(
-        dict(replicas[0][0].named_parameters()),
+        dict(replicas[0].model.named_parameters()),
         lr=cfg.outer_lr,
         momentum=cfg.outer_momentum,
         nesterov=cfg.nesterov,
     )
     losses: list[list[float]] = [[] for _ in range(world_size)]
+    metrics: list[list[dict[str, float]]] = [[] for _ in range(world_size)]
     for r in range(cfg.rounds):
         deltas = {}
-        for rank, (model, inner_opt) in enumerate(replicas):
-            outer.load_into(model)
-            losses[rank].append(inner_steps(cfg, model, inner_opt, rank=rank, round_index=r))
-            deltas[rank] = pseudo_gradient(outer.params, model)
+        for rank, inner in enumerate(replicas):
+            outer.load_into(inner.model)
+            out = inner.run_round(r)
+            losses[rank].append(out["loss"])
+            metrics[rank].append(out.get("metrics", {}))
+            deltas[rank] = pseudo_gradient(outer.params, inner.model)
         outer.step(fixed_order_mean(deltas))
-    return {"params": outer.params, "param_sha256": params_sha256(outer.params), "losses": losses}
+    return {
+        "params": outer.params,
+        "param_sha256": params_sha256(outer.params),
+        "losses": losses,
+        "metrics": metrics,
+    }
