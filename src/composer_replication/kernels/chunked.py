@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from composer_replication.kernels.allocator import pin_mmap_threshold
 from composer_replication.kernels.rows import ce_rows, eopd_rows, gjsd_rows, logprob_rows, taid_rows
 
 __all__ = [
@@ -110,6 +111,8 @@ class _ChunkedRows(torch.autograd.Function):
         want_grad = any(needs)
         n_valid = valid_idx.numel()
         ref = next(x for x in tensors if x is not None)
+        if ref.device.type == "cpu":
+            pin_mmap_threshold()  # freed tiles would otherwise stay resident (see allocator.py)
         out_dtype = torch.promote_types(ref.dtype, torch.float32)
         ctx.row_fn, ctx.chunk, ctx.n_row, ctx.scalar = row_fn, chunk, n_row, weights is not None
         if weights is None:  # per-row output; backward recomputes each chunk

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from composer_replication.kernels.allocator import pin_mmap_threshold
 from composer_replication.kernels.chunked import eopd_plan, gjsd_plan, gjsd_row_fn, taid_plan
 from composer_replication.kernels.rows import ce_rows, eopd_rows, logprob_rows, taid_rows
 
@@ -86,6 +87,8 @@ class _FusedRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, row_fn, valid_idx, weights, chunk, caps, n_streams, n_extra, *tensors):
+        if tensors[0].device.type == "cpu":
+            pin_mmap_threshold()  # freed tiles would otherwise stay resident (see allocator.py)
         streams = [tensors[3 * i : 3 * i + 3] for i in range(n_streams)]
         extras = tensors[3 * n_streams : 3 * n_streams + n_extra]
         needs = [bool(x) for x in ctx.needs_input_grad[7 : 7 + 3 * n_streams]]
