@@ -10,6 +10,10 @@ Writes to ``out_dir``: ``metrics.jsonl`` (append-only, one row per logged step, 
 ``checkpoints/step-*`` (atomic, every N steps and at the end), ``losses.png``, ``final_metrics.json``.
 Resume restores model, optimizer, LR scheduler, both data streams, all RNG states and the TAID
 schedule: in deterministic CPU mode the resumed loss trajectory is bit-identical.
+
+``make_offline_stepper(config, model=None, ...) -> OfflineStepper`` exposes the same step one at a
+time (``.model``, ``.step() -> metrics``, ``.state_dict()``): ``train_offline`` is built on it, and
+DiLoCo replicas with ``inner: offline`` call it for their inner steps.
 """
 
 from __future__ import annotations
