@@ -119,8 +119,10 @@ def worker(args: argparse.Namespace) -> dict:
     c1, t1 = _cpu_s(), time.perf_counter()
     loss.backward()
     c2, t2 = _cpu_s(), time.perf_counter()
-    grad_ok = all(x.grad is not None and bool(torch.isfinite(x.grad).all()) for x in inputs)
+    # Peak first: isfinite() on a (B, T, V) gradient builds an fp32 abs() copy plus two bool masks,
+    # which (ru_maxrss being a lifetime peak) used to count as the loss's memory.
     peak = _peak_rss_bytes()
+    grad_ok = all(x.grad is not None and bool(torch.isfinite(x.grad).all()) for x in inputs)
     return {
         "variant": v,
         "B": B,
