@@ -233,7 +233,9 @@ def _html(title: str, d: dict[str, Any], figs: list[tuple[str, str]]) -> str:
     stage_rows = []
     for name, rec in m.stages.items():
         counts = ", ".join(f"{k}={v}" for k, v in rec.summary.items() if not isinstance(v, (dict, list)))
-        stage_rows.append([name, rec.status, counts, rec.error or ""])
+        # The report is written while its own stage runs: say so rather than show "running".
+        status = "writing this page" if name == "report" and rec.status == "running" else rec.status
+        stage_rows.append([name, status, counts, rec.error or ""])
     teachers = {t["slug"]: t for t in m.data.get("config", {}).get("replay", {}).get("teachers", [])}
 
     def backend(slug: str) -> str:
