@@ -17,18 +17,16 @@ The format is unspecified and changes between CLI versions (notes: interfaces.md
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from composer_replication.ingestion._reader import check_version, read_records, text_of
+from composer_replication.ingestion._base import SessionIngester
+from composer_replication.ingestion._reader import check_version, text_of
 from composer_replication.ingestion._session import (
     Block,
-    BuildOptions,
     Event,
     IngestionStats,
-    build,
-    estimate_tokens,
     tool_error_meta,
 )
 from composer_replication.ingestion.errors import classify_error, detect_failure
@@ -55,8 +53,10 @@ def is_subagent_path(path: Path) -> bool:
     return path.name.startswith("agent-") or "subagents" in path.parts
 
 
-class ClaudeCodeIngester:
+class ClaudeCodeIngester(SessionIngester):
     """Convert a Claude Code session JSONL into ``TraceState``s, one per assistant turn."""
+
+    source = "claude_code"
 
     def __init__(
         self,
@@ -70,39 +70,16 @@ class ClaudeCodeIngester:
         redactor: Redactor | None = None,
         example_max_tokens: int = 8192,
     ) -> None:
-        self.opts = BuildOptions(
+        self._setup(
             system_prompt=system_prompt,
+            skip_sidechain=skip_sidechain,
             strip_thinking=strip_thinking,
             max_history_tokens=max_history_tokens,
-            token_counter=token_counter or estimate_tokens,
+            token_counter=token_counter,
+            redact=redact,
+            redactor=redactor,
             example_max_tokens=example_max_tokens,
-            source="claude_code",
         )
-        self.skip_sidechain = skip_sidechain
-        self.redactor = redactor or Redactor(enabled=redact)
-        self.last_stats = IngestionStats()
-        self.last_examples: list[dict[str, Any]] = []
-
-    def ingest(self, path: Path, *, seen_uuids: set[str] | None = None) -> Iterator[dict[str, Any]]:
-        """Yield ``TraceState``s (``state_id = f"{path.stem}::{idx:04d}"``); examples land in ``last_examples``."""
-        states, examples, stats = self.ingest_file(Path(path), seen_uuids=seen_uuids)
-        self.last_stats = stats
-        self.last_examples = examples
-        yield from states
-
-    def ingest_file(
-        self, path: Path, *, seen_uuids: set[str] | None = None
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], IngestionStats]:
-        stats = IngestionStats(n_files=1)
-        self.last_stats = stats
-        before = dict(self.redactor.counts)
-        records = read_records(path, stats)
-        convs = self._conversations(path, records, stats, seen_uuids)
-        states, examples = build(convs, path.stem, self.opts, stats)
-        for k, v in self.redactor.counts.items():
-            if v - before.get(k, 0):
-                stats.redactions[k] = v - before.get(k, 0)
-        return states, examples, stats
 
     # -- parsing -------------------------------------------------------------------------------------------
 

@@ -15,18 +15,16 @@ tool outputs). Codex never flags tool errors: failures are read from the exit co
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from composer_replication.ingestion._reader import check_version, read_records, text_of
+from composer_replication.ingestion._base import SessionIngester
+from composer_replication.ingestion._reader import check_version, text_of
 from composer_replication.ingestion._session import (
     Block,
-    BuildOptions,
     Event,
     IngestionStats,
-    build,
-    estimate_tokens,
     tool_error_meta,
 )
 from composer_replication.ingestion.claude_code import SYSTEM_PROMPT
@@ -51,8 +49,10 @@ _OUTPUT_ITEMS = frozenset({"function_call_output", "custom_tool_call_output", "l
 _BARE_ITEMS = _MODEL_ITEMS | _OUTPUT_ITEMS | {"message", "compaction", "ghost_snapshot"}
 
 
-class CodexIngester:
+class CodexIngester(SessionIngester):
     """Convert a Codex CLI rollout into ``TraceState``s (one per model response) and ``TraceExample``s."""
+
+    source = "codex"
 
     def __init__(
         self,
@@ -66,39 +66,23 @@ class CodexIngester:
         example_max_tokens: int = 8192,
         skip_sidechain: bool = True,
     ) -> None:
-        self.opts = BuildOptions(
+        self._setup(
             system_prompt=system_prompt,
+            skip_sidechain=skip_sidechain,
             strip_thinking=strip_thinking,
             max_history_tokens=max_history_tokens,
-            token_counter=token_counter or estimate_tokens,
+            token_counter=token_counter,
+            redact=redact,
+            redactor=redactor,
             example_max_tokens=example_max_tokens,
-            source="codex",
         )
-        self.skip_sidechain = skip_sidechain
-        self.redactor = redactor or Redactor(enabled=redact)
-        self.last_stats = IngestionStats()
-        self.last_examples: list[dict[str, Any]] = []
 
-    def ingest(self, path: Path, *, seen_uuids: set[str] | None = None) -> Iterator[dict[str, Any]]:
-        states, examples, stats = self.ingest_file(Path(path))
-        self.last_stats, self.last_examples = stats, examples
-        yield from states
-
-    def ingest_file(
-        self, path: Path, *, seen_uuids: set[str] | None = None
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], IngestionStats]:
-        stats = IngestionStats(n_files=1)
-        self.last_stats = stats
-        before = dict(self.redactor.counts)
-        records = read_records(path, stats)
+    def _conversations(
+        self, path: Path, records: list[dict[str, Any]], stats: IngestionStats, seen: set[str] | None
+    ) -> list[list[Any]]:
         items = self._items(path, records, stats)
         convs = [self._segments(items, stats)] if items is not None else []
-        convs = [[s for s in c if s] for c in convs if any(c)]
-        states, examples = build(convs, path.stem, self.opts, stats)
-        for k, v in self.redactor.counts.items():
-            if v - before.get(k, 0):
-                stats.redactions[k] = v - before.get(k, 0)
-        return states, examples, stats
+        return [[s for s in c if s] for c in convs if any(c)]
 
     def _items(
         self, path: Path, records: list[dict[str, Any]], stats: IngestionStats
