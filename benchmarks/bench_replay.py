@@ -5,7 +5,9 @@ N calls at a fixed server latency and a fixed concurrency: the ideal rate is con
   - bare httpx: an asyncio.Semaphore + httpx.AsyncClient posting the same requests (no ledger, cache,
     retries, parsing) - the baseline for our own overhead;
   - replay_states: the full client (ledger reservations, JSONL cache appends, retries, parsing);
-  - replay_states with fsync: the same, every ledger/cache record fsynced.
+  - replay_states with fsync: the same, every ledger/cache record fsynced;
+  - bare aiohttp: the same loop on aiohttp's client (its HTTP parser is C), a reference for what the
+    loopback server and the machine allow.
 The server runs in its own process so that it does not share the client's GIL.
 
     python3 benchmarks/bench_replay.py --calls 2000 --latency 0.1 --concurrency 32
@@ -50,6 +52,23 @@ async def bare_httpx(base_url: str, states: list[dict], teachers: list[dict], co
                     json={"model": t["slug"], "messages": s["messages"], "max_tokens": 64},
                 )
                 r.json()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(s, t) for s in states for t in teachers))
+        return time.perf_counter() - t0
+
+
+async def bare_aiohttp(base_url: str, states: list[dict], teachers: list[dict], concurrency: int) -> float:
+    import aiohttp
+
+    sem = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as client:
+
+        async def one(s: dict, t: dict) -> None:
+            async with sem:
+                body = {"model": t["slug"], "messages": s["messages"], "max_tokens": 64}
+                async with client.post(f"{base_url}/chat/completions", json=body) as r:
+                    await r.json()
 
         t0 = time.perf_counter()
         await asyncio.gather(*(one(s, t) for s in states for t in teachers))
@@ -116,6 +135,12 @@ def main() -> None:
             (
                 "replay_states, fsync",
                 run_replay(base_url, states_for(n_states, "fs"), teachers, args.concurrency, True),
+            )
+        )
+        rows.append(
+            (
+                "bare aiohttp (reference)",
+                asyncio.run(bare_aiohttp(base_url, states_for(n_states, "aio"), teachers, args.concurrency)),
             )
         )
         bare_rate = n / rows[0][1]

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+import orjson
+
 
 class DataFileError(ValueError):
     """A record in a data file is malformed. The message names the file and the line."""
@@ -75,10 +77,13 @@ class JsonlAppender:
     A torn last line (crash mid-write) is tolerated by :func:`read_jsonl` with ``tolerate_torn_tail``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True, fast: bool = False) -> None:
+        """``fast``: serialise with orjson (several times quicker; NaN and inf become null), for hot
+        paths whose records never hold them (the replay cache and spend ledger)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fsync = fsync
+        self._fast = fast
         # Make sure a torn tail from a previous crash does not glue onto the next record.
         if self.path.exists() and self.path.stat().st_size > 0:
             with open(self.path, "rb") as fh:
@@ -87,10 +92,14 @@ class JsonlAppender:
             if last != b"\n":
                 with open(self.path, "ab") as fh:
                     fh.write(b"\n")
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "ab")
 
     def write(self, record: Any) -> None:
-        self._fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        if self._fast:
+            line = orjson.dumps(record, default=str, option=orjson.OPT_APPEND_NEWLINE)
+        else:
+            line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode()
+        self._fh.write(line)
         self._fh.flush()
         if self._fsync:
             os.fsync(self._fh.fileno())

@@ -43,7 +43,7 @@ class ResultCache:
                     self.done[key] = _strip(rec)
                 else:
                     self.n_error_rows += 1
-        self._out = JsonlAppender(self.path, fsync=False) if self.path is not None else None
+        self._out = JsonlAppender(self.path, fsync=False, fast=True) if self.path is not None else None
         self._durable = GroupFsync(self.path) if (fsync and self.path is not None) else None
 
     def get(self, key: str) -> TeacherCallResult | None:

@@ -10,14 +10,13 @@ Binds 127.0.0.1 only. Run standalone: ``python -m composer_replication.teacher_r
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
@@ -61,24 +60,47 @@ class FakeOpenRouter:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
+        self._box: dict[str, Any] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, port: int = 0) -> FakeOpenRouter:
-        handler = type("Handler", (_Handler,), {"app": self})
-        self._httpd = _Server(("127.0.0.1", port), handler)
-        threading.Thread(target=self._httpd.serve_forever, daemon=True, name="fake-openrouter").start()
+        """Serve on 127.0.0.1 from an event loop in a daemon thread; returns once the port is bound."""
+        _aiohttp_web()  # fail here, in the caller, if the extra is missing
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(_serve(self, port, ready, self._box))
+            except BaseException as e:  # noqa: BLE001 - reported to start()
+                errors.append(e)
+                ready.set()
+            finally:
+                self._loop.close()
+
+        self._thread = threading.Thread(target=run, daemon=True, name="fake-openrouter")
+        self._thread.start()
+        ready.wait()
+        if errors:
+            raise RuntimeError(f"fake OpenRouter server could not start on port {port}: {errors[0]}")
         return self
 
     @property
     def base_url(self) -> str:
-        assert self._httpd is not None
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        assert "port" in self._box, "call start() first"
+        return f"http://127.0.0.1:{self._box['port']}/v1"
 
     def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+        if self._thread is None or self._loop is None:
+            return
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._box["stop"].set)
+            self._thread.join(timeout=10)
+        self._thread = None
 
     def __enter__(self) -> FakeOpenRouter:
         return self.start()
@@ -147,39 +169,48 @@ def _err(status: int, message: str) -> tuple[int, dict[str, str], bytes]:
     return status, {}, json.dumps(body).encode()
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 1024  # the default backlog of 5 resets bursts of new connections
+def _aiohttp_web() -> Any:
+    try:
+        from aiohttp import web
+    except ImportError as e:  # pragma: no cover - aiohttp comes with the replay extra
+        raise ImportError(
+            "the loopback OpenRouter server needs aiohttp: pip install 'composer-replication[replay]'"
+        ) from e
+    return web
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, like a real server
-    app: FakeOpenRouter
+async def _serve(app: FakeOpenRouter, port: int, ready: threading.Event, box: dict[str, Any]) -> None:
+    web = _aiohttp_web()
 
-    def log_message(self, *args: Any) -> None:  # quiet
-        pass
+    loop = asyncio.get_running_loop()
 
-    def do_POST(self) -> None:  # noqa: N802
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length)
+    async def on_post(request: Any) -> Any:
+        arrived = loop.time()  # the latency runs from the request's arrival, like a real server's
+        raw = await request.read()
         try:
             body = json.loads(raw)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             status, headers, payload, delay = *_err(400, "request body is not JSON"), 0.0
         else:
-            status, headers, payload, delay = self.app.handle(body, self.headers.get("Authorization"))
+            status, headers, payload, delay = app.handle(body, request.headers.get("Authorization"))
         if delay > 0:
-            time.sleep(delay)
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.end_headers()
-            self.wfile.write(payload)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+            await asyncio.sleep(max(0.0, arrived + delay - loop.time()))
+        return web.Response(status=status, body=payload, headers=headers, content_type="application/json")
+
+    web_app = web.Application(client_max_size=64 << 20)
+    web_app.router.add_post("/{tail:.*}", on_post)
+    # handler_cancellation: a client that gives up (timeout) cancels its scripted 'hang' at once
+    runner = web.AppRunner(web_app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024, shutdown_timeout=0.5)
+    await site.start()
+    box["port"] = runner.addresses[0][1]
+    box["stop"] = asyncio.Event()
+    ready.set()
+    try:
+        await box["stop"].wait()
+    finally:
+        await runner.cleanup()
 
 
 def main() -> None:

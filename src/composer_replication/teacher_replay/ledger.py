@@ -65,7 +65,7 @@ class SpendLedger:
         self._run = uuid.uuid4().hex[:8]
         if self.path is not None and self.path.exists():
             self.prior_usd = self._load(self.path)
-        self._out = JsonlAppender(self.path, fsync=False) if self.path is not None else None
+        self._out = JsonlAppender(self.path, fsync=False, fast=True) if self.path is not None else None
         self._durable = GroupFsync(self.path) if (fsync and self.path is not None) else None
 
     @staticmethod

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from .base import BILLED_NOTHING, BILLED_UNKNOWN, ChatRequest, ChatResponse, TeacherError
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
@@ -81,6 +83,7 @@ class OpenAICompatBackend:
         self._httpx = httpx
         self.base_url = spec.get("base_url", OPENROUTER_BASE_URL).rstrip("/")
         self.is_openrouter = self.base_url.startswith(OPENROUTER_BASE_URL)
+        self._url = f"{self.base_url}/chat/completions"
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -126,7 +129,7 @@ class OpenAICompatBackend:
         self._busy[shard] += 1
         try:
             resp = await self._clients[shard].post(
-                f"{self.base_url}/chat/completions", json=self._body(req), timeout=req.timeout_s
+                self._url, content=orjson.dumps(self._body(req)), timeout=req.timeout_s
             )
         except httpx.ConnectError as exc:
             raise TeacherError(f"connect error: {exc}", retryable=True, billed=BILLED_NOTHING) from None
@@ -141,8 +144,8 @@ class OpenAICompatBackend:
         finally:
             self._busy[shard] -= 1
         try:
-            body = json.loads(resp.content)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = orjson.loads(resp.content)
+        except orjson.JSONDecodeError:
             body = None
         if resp.status_code != 200:
             retry_after = _retry_after(resp.headers)
