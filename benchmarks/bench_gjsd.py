@@ -5,6 +5,9 @@ invocation, and reports forward and backward time and memory:
 
 - ``naive``: the reference path `opsd.generalized_jsd_loss` on (B, T, V) fp32 logits (two
   log-softmaxes, a log-space mixture, two KLs: what TRL's ``compute_divergence`` does);
+- ``naive-linear``: the same reference loss, starting from the hidden states and the LM head
+  (``F.linear`` to full student logits with gradient, teacher logits under no_grad, as an SDPO step
+  computes them): the like-for-like baseline for ``fused``, which starts from the same inputs;
 - ``chunked``: `kernels.chunked.chunked_generalized_jsd_loss` on the same logits;
 - ``fused``: `kernels.fused_linear.fused_generalized_jsd_loss` on hidden states (B, T, H) and the
   (V, H) LM head, so no logits tensor ever exists;
@@ -66,6 +69,19 @@ def _variant_fn(v: str, beta: float, V: int, H: int):
         from composer_replication.opsd import generalized_jsd_loss
 
         return lambda lab, s, t: generalized_jsd_loss(s, t, lab, beta=beta)
+    if v == "naive-linear":
+        import torch
+        import torch.nn.functional as F
+
+        from composer_replication.opsd import generalized_jsd_loss
+
+        def naive_linear(lab, hs, ht, w):
+            zs = F.linear(hs, w)
+            with torch.no_grad():
+                zt = F.linear(ht, w)
+            return generalized_jsd_loss(zs, zt, lab, beta=beta)
+
+        return naive_linear
     if v == "chunked":
         from composer_replication.kernels.chunked import chunked_generalized_jsd_loss
 
@@ -128,7 +144,7 @@ def worker(args: argparse.Namespace) -> dict:
         "B": B,
         "T": T,
         "V": V,
-        "H": H if v in ("fused", "trl") else None,
+        "H": H if v in ("fused", "trl", "naive-linear") else None,
         "loss": float(loss),
         "forward_s": t1 - t0,
         "backward_s": t2 - t1,
@@ -154,7 +170,7 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict:
     for k in ("B", "T", "V", "H", "beta", "threads"):
         cmd += [f"--{k}", str(getattr(args, k))]
     limit = None
-    if variant == "naive":
+    if variant in ("naive", "naive-linear"):
         need = naive_estimate_bytes(args.B, args.T, args.V)
         for attempt in range(args.retries + 1):
             avail = mem_available_bytes()
@@ -188,24 +204,30 @@ def run_variant(args: argparse.Namespace, variant: str) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    base = next((r for r in results if r.get("variant") == "naive" and r.get("status") == "ok"), None)
+    """Markdown table; ratios are against ``naive`` and ``naive-linear`` (peak RSS, and CPU time)."""
+
+    def ok(name):
+        return next((r for r in results if r.get("variant") == name and r.get("status") == "ok"), None)
+
+    bases = [b for b in (ok("naive"), ok("naive-linear")) if b is not None]
+    head = "".join(f" peak vs {b['variant']} | CPU time vs {b['variant']} |" for b in bases)
     rows = [
-        "| variant | T | input | fwd s | bwd s | total s | CPU s | peak RSS GiB | above inputs GiB | "
-        "peak vs naive | time vs naive |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| variant | T | input | fwd s | bwd s | total s | CPU s | peak RSS GiB | above inputs GiB |" + head,
+        "|---|---|---|---|---|---|---|---|---|" + "---|---|" * len(bases),
     ]
     for r in results:
         if r.get("status") != "ok":
-            rows.append(f"| {r['variant']} | {r['T']} | | | | | | {r['status']} | | | |")
+            rows.append(f"| {r['variant']} | {r['T']} | | | | | | {r['status']} | |" + " | |" * len(bases))
             continue
         inp = "logits (B,T,V)" if r["H"] is None else f"hidden H={r['H']} + head"
-        pv = tv = ""
-        if base is not None:
-            pv = f"{r['peak_rss_gib'] / base['peak_rss_gib']:.3f}×"
-            tv = f"{r['total_s'] / base['total_s']:.2f}×"
+        ratios = "".join(
+            f" {r['peak_rss_gib'] / b['peak_rss_gib']:.3f}× | {r['total_cpu_s'] / b['total_cpu_s']:.2f}× |"
+            for b in bases
+        )
         rows.append(
             f"| {r['variant']} | {r['T']} | {inp} | {r['forward_s']:.1f} | {r['backward_s']:.1f} | "
-            f"{r['total_s']:.1f} | {r.get('total_cpu_s', float('nan')):.1f} | {r['peak_rss_gib']:.2f} | {r['above_inputs_gib']:.2f} | {pv} | {tv} |"
+            f"{r['total_s']:.1f} | {r['total_cpu_s']:.1f} | {r['peak_rss_gib']:.2f} | {r['above_inputs_gib']:.2f} |"
+            + ratios
         )
     return "\n".join(rows)
 
@@ -218,7 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--H", type=int, default=896, help="hidden width for fused/trl (Qwen2.5-0.5B: 896)")
     p.add_argument("--beta", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 = steadier numbers)")
-    p.add_argument("--variants", default="naive,chunked,fused,trl")
+    p.add_argument("--variants", default="naive,naive-linear,chunked,fused,trl")
     p.add_argument("--as-limit-gib", type=float, default=22.0, help="RLIMIT_AS for the naive child")
     p.add_argument("--margin-gib", type=float, default=2.0)
     p.add_argument("--retries", type=int, default=0)

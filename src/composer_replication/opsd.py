@@ -59,9 +59,13 @@ def gjsd_per_token(student_logp: torch.Tensor, teacher_logp: torch.Tensor, beta:
         return _kl(teacher_logp, student_logp)
     if beta == 1:
         return _kl(student_logp, teacher_logp)
-    log_mix = torch.logsumexp(
-        torch.stack([student_logp + math.log1p(-beta), teacher_logp + math.log(beta)]), dim=0
-    )
+    s_mix, t_mix = student_logp, teacher_logp
+    both_zero = torch.isneginf(student_logp) & torch.isneginf(teacher_logp)
+    if bool(both_zero.any()):
+        # Entries impossible under both (e.g. a banned token's -inf logit): logsumexp(-inf, -inf) has a
+        # NaN gradient. Their KL terms are 0 either way (_kl masks p = 0), so any finite mixture will do.
+        s_mix, t_mix = s_mix.masked_fill(both_zero, 0.0), t_mix.masked_fill(both_zero, 0.0)
+    log_mix = torch.logsumexp(torch.stack([s_mix + math.log1p(-beta), t_mix + math.log(beta)]), dim=0)
     return beta * _kl(teacher_logp, log_mix) + (1 - beta) * _kl(student_logp, log_mix)
 
 

@@ -153,6 +153,43 @@ def test_truncation_keeps_the_last_response_whole(tiny_tokenizer) -> None:
     assert text.endswith(("answer 19 " * 20) + "<|im_end|>\n") and "question 0 " not in text
 
 
+def test_rows_never_exceed_the_cap_trailing_output_goes_first(tiny_tokenizer) -> None:
+    # A trailing tool result after the last response has no target: it is dropped before any history.
+    turns = [
+        {"role": "user", "content": "fix the test"},
+        {"role": "assistant", "content": "running it"},
+        {"role": "tool", "content": "log line\n" * 400, "tool_error": None},
+    ]
+    col = ComposerDataCollator(tiny_tokenizer, CollatorConfig(max_seq_len=64))
+    out = col([{"trace_id": "x", "turns": turns}])
+    assert out["input_ids"].shape[1] <= 64
+    assert tiny_tokenizer.decode(out["input_ids"][0]).endswith("running it<|im_end|>\n")
+    # A response longer than the cap keeps its first tokens (TRL's SFT truncation), never more than the cap.
+    long = [{"role": "user", "content": "write"}, {"role": "assistant", "content": "word " * 300}]
+    out = col([{"trace_id": "y", "turns": long}])
+    assert out["input_ids"].shape[1] == 64
+    kept = out["input_ids"][0][out["response_mask"][0].bool()]
+    assert len(kept) > 0 and tiny_tokenizer.decode(kept).startswith("word word")
+    assert not bool(out["response_mask"][0, 0])
+
+
+@pytest.mark.parametrize("cap", [24, 40, 96])
+def test_sdpo_masks_select_the_same_tokens_when_the_recovery_is_cut(tiny_tokenizer, cap) -> None:
+    exs = _real_error_examples()[:4]
+    col = ComposerDataCollator(tiny_tokenizer, CollatorConfig(max_seq_len=cap, hint_generator=hint_for_error))
+    out = col(exs)
+    assert out["input_ids"].shape[1] <= cap
+    if "ctx_teacher_input_ids" not in out:
+        pytest.skip("no recovery turn survives at this cap")
+    assert out["ctx_teacher_input_ids"].shape[1] <= cap
+    for b in range(len(exs)):
+        s = out["input_ids"][b][out["sdpo_student_mask"][b].bool()]
+        t = out["ctx_teacher_input_ids"][b][out["sdpo_loss_mask"][b].bool()]
+        assert torch.equal(s, t)
+        if len(s):
+            assert not bool(out["sdpo_loss_mask"][b, 0]) and not bool(out["sdpo_student_mask"][b, 0])
+
+
 def _qwen_tokenizer_fixed():
     import importlib.util
 

@@ -127,9 +127,25 @@ class _ChunkedRows(torch.autograd.Function):
             return losses
         total = torch.zeros((), dtype=out_dtype, device=ref.device)
         grads = [_grad_buffer(x) if (x is not None and nd) else None for x, nd in zip(tensors, needs)]
+        # Closed-form value and gradient (kernels.analytic) when only the first rows need a gradient
+        # and the tiles are full precision; it declines (None) on non-finite rows -> autograd below.
+        analytic = getattr(row_fn, "analytic", None)
+        fast = (
+            analytic is not None
+            and needs[:1] == [True]
+            and not any(needs[1:])
+            and all(x is None or x.dtype in (torch.float32, torch.float64) for x in tensors)
+        )
         for a in range(0, n_valid, chunk):
             idx = valid_idx[a : a + chunk]
             w = weights[a : a + chunk]
+            if fast:
+                out = analytic(*_chunk_inputs(n_row, tensors, idx, [False] * len(tensors)), w)
+                if out is not None:
+                    per, g = out
+                    total += (per * w.to(per.dtype)).sum()
+                    _add_rows(grads[0], idx, g)
+                    continue
             xs = _chunk_inputs(n_row, tensors, idx, needs)
             with torch.enable_grad() if want_grad else torch.no_grad():
                 val = (row_fn(*xs) * w).sum()
@@ -273,6 +289,13 @@ def gjsd_row_fn(beta, temperature, logits_are_probs, top_k, token_clip):
             token_clip=token_clip,
         )
 
+    if not logits_are_probs and top_k is None:  # closed form (used by the fused-linear engine)
+        from composer_replication.kernels.analytic import gjsd_value_grad
+
+        def analytic(zs, zt, w):
+            return gjsd_value_grad(zs, zt, w, beta=beta, temperature=temperature, token_clip=token_clip)
+
+        fn.analytic = analytic
     return fn
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from composer_replication.kernels.allocator import pin_mmap_threshold
+from composer_replication.kernels.analytic import ce_value_grad, logprob_value_grad
 from composer_replication.kernels.chunked import eopd_plan, gjsd_plan, gjsd_row_fn, taid_plan
 from composer_replication.kernels.rows import ce_rows, eopd_rows, logprob_rows, taid_rows
 
@@ -35,7 +36,7 @@ __all__ = [
     "fused_cross_entropy",
 ]
 
-_CHUNK_BYTES = 16 * 2**20
+_CHUNK_BYTES = 40 * 2**20
 
 
 def default_fused_chunk_rows(vocab_size: int) -> int:
@@ -104,7 +105,8 @@ class _FusedRows(torch.autograd.Function):
             with torch.no_grad():
                 for a in range(0, n_valid, chunk):
                     idx = valid_idx[a : a + chunk]
-                    zs = [_cap(_lin(h.index_select(0, idx), w, b), c) for (h, w, b), c in zip(streams, caps)]
+                    lins = _project([h.index_select(0, idx) for h, _, _ in streams], streams)
+                    zs = [_cap(z, c) for z, c in zip(lins, caps)]
                     losses[a : a + chunk] = row_fn(*zs, *(e.index_select(0, idx) for e in extras))
             ctx.save_for_backward(valid_idx, *tensors)
             ctx.needs = needs
@@ -153,12 +155,52 @@ def _new_grads(streams, needs):
     ]
 
 
+def _same_head(streams) -> bool:
+    """All streams project with the same weight/bias storage (student and a detached teacher)."""
+    (_, w0, b0), rest = streams[0], streams[1:]
+    return all(
+        w.data_ptr() == w0.data_ptr()
+        and w.shape == w0.shape
+        and w.stride() == w0.stride()
+        and (b is None) == (b0 is None)
+        and (b is None or b.data_ptr() == b0.data_ptr())
+        for _, w, b in rest
+    )
+
+
+def _project(hs, streams):
+    """Each stream's (chunk, V) logits; one GEMM over the stacked rows when the heads are one head."""
+    with torch.no_grad():
+        if len(streams) > 1 and _same_head(streams) and len({h.dtype for h in hs}) == 1:
+            _, wt, b = streams[0]
+            return list(_lin(torch.cat(hs), wt, b).split([h.shape[0] for h in hs]))
+        return [_lin(h, wt, b) for h, (_, wt, b) in zip(hs, streams)]
+
+
+def _fold(g, h, wt, idx, g_h, g_w, g_b) -> None:
+    """Fold a chunk's logits gradient into the hidden, weight and bias gradients, in place."""
+    if g_h is not None:
+        g_h.index_add_(0, idx, (g.to(wt.dtype) @ wt).to(g_h.dtype))
+    if g_w is not None:
+        g_w.addmm_(g.t().to(g_w.dtype), h.to(g_w.dtype))
+    if g_b is not None:
+        g_b += g.sum(0).to(g_b.dtype)
+
+
 def _chunk_step(row_fn, streams, extras, caps, idx, w, needs, grads, want):
     """One chunk: loss value Σ w·ℓ and (if ``want``) gradients folded into ``grads`` in place."""
     hs = [h.index_select(0, idx) for h, _, _ in streams]
-    with torch.no_grad():
-        lins = [_lin(h, wt, b) for h, (_, wt, b) in zip(hs, streams)]
+    lins = _project(hs, streams)
     stream_needs = [any(needs[3 * i : 3 * i + 3]) for i in range(len(streams))]
+    analytic = getattr(row_fn, "analytic", None)
+    if analytic is not None and want and not any(stream_needs[1:]) and all(c is None for c in caps):
+        # Closed-form value and gradient (kernels.analytic), in place on the tile; None -> autograd.
+        out = analytic(*lins, *(e.index_select(0, idx) for e in extras), w)
+        if out is not None:
+            per, g = out
+            if stream_needs[0]:
+                _fold(g, hs[0], streams[0][1], idx, *grads[0:3])
+            return (per * w.to(per.dtype)).sum()
     leaves = [z.requires_grad_(nd and want) for z, nd in zip(lins, stream_needs)]
     with torch.enable_grad() if want else torch.no_grad():
         zs = [_cap(z, c) for z, c in zip(leaves, caps)]
@@ -173,13 +215,7 @@ def _chunk_step(row_fn, streams, extras, caps, idx, w, needs, grads, want):
         g = next(g_lins)
         if g is None:
             continue
-        g_h, g_w, g_b = grads[3 * i : 3 * i + 3]
-        if g_h is not None:
-            g_h.index_add_(0, idx, (g.to(wt.dtype) @ wt).to(g_h.dtype))
-        if g_w is not None:
-            g_w.addmm_(g.t().to(g_w.dtype), h.to(g_w.dtype))
-        if g_b is not None:
-            g_b += g.sum(0).to(g_b.dtype)
+        _fold(g, h, wt, idx, *grads[3 * i : 3 * i + 3])
     return val.detach()
 
 
@@ -334,7 +370,12 @@ def fused_token_logprobs(
     valid = lab != -100
     safe = torch.where(valid, lab, torch.zeros_like(lab))
     pairs = [(hidden_BTH.reshape(N, -1), head)]
-    return _reduce(logprob_rows, pairs, [safe], valid, None, lead, chunk_rows)
+
+    def fn(z, y):
+        return logprob_rows(z, y)
+
+    fn.analytic = logprob_value_grad
+    return _reduce(fn, pairs, [safe], valid, None, lead, chunk_rows)
 
 
 def fused_cross_entropy(
@@ -354,6 +395,8 @@ def fused_cross_entropy(
 
     def fn(z, y):
         return ce_rows(z, y, label_smoothing=label_smoothing)
+
+    fn.analytic = lambda z, y, w: ce_value_grad(z, y, w, label_smoothing=label_smoothing)
 
     pairs = [(hidden_NH.reshape(-1, H), head)]
     return _reduce(fn, pairs, [safe], valid, valid.sum(), (), chunk_rows)

@@ -3,11 +3,11 @@
 Rendering: every sequence is rendered with the tokenizer's chat template. Token ids are built per message
 (the text each message adds to the rendered prefix), and an assistant message is split into its header (the
 generation prompt) and its body (content + end-of-turn tokens). Masks are therefore exact by construction.
-Truncation drops the oldest messages first (a leading system message stays), then the oldest tokens of the
-prompt in front of the protected response; a response, and the header just before it, is never cut, so no
-response token sits at position 0. If a protected response is by itself longer than the cap, the row keeps
-it whole (and is longer than ``max_seq_len``) rather than train on a cut response. ``ignore_index`` is kept
-for API compatibility: masks are 0/1 tensors.
+Truncation (rows never exceed the cap) drops messages after the last response first (they have no target),
+then the oldest messages (a leading system message stays), then the oldest tokens of the prompt in front of
+the protected response; the header just before a response is never cut, so no response token sits at
+position 0. If the protected response is by itself longer than the cap, its tail is cut (its first tokens
+are kept, as in TRL's SFT truncation). ``ignore_index`` is kept for API compatibility: masks are 0/1 tensors.
 
 Channels and their keys (present exactly under these conditions):
 
@@ -172,6 +172,13 @@ class ComposerDataCollator:
         total = sum(len(p.ids) for p in pieces)
         if total <= max_len:
             return pieces
+        # Messages after the last response carry no target (e.g. a trailing tool result): they go first.
+        last_resp = max((p.msg for p in pieces if p.is_response), default=-1)
+        if any(p.msg > last_resp for p in pieces):
+            pieces = [p for p in pieces if p.msg <= last_resp]
+            total = sum(len(p.ids) for p in pieces)
+            if total <= max_len:
+                return pieces
         order = sorted({p.msg for p in pieces})
         drop: set[int] = set()
         for mi in order[1 if keep_first else 0 :]:
@@ -188,6 +195,14 @@ class ComposerDataCollator:
                 break
             cut = min(total - max_len, len(p.ids))
             p.ids = p.ids[cut:]
+            total -= cut
+        # Still too long: the protected response alone exceeds the cap. Keep its first tokens (as TRL's
+        # SFT truncation does); a row never exceeds ``max_len``.
+        for p in reversed(kept):
+            if total <= max_len:
+                break
+            cut = min(total - max_len, len(p.ids))
+            p.ids = p.ids[: len(p.ids) - cut]
             total -= cut
         return [p for p in kept if p.ids]
 
@@ -241,14 +256,23 @@ class ComposerDataCollator:
                 s_mask.append([0] * len(ids))
                 continue
             rec, hint = site
-            any_sdpo = True
             tmsgs = [dict(m) for m in msgs[: rec + 1]]
             tmsgs[rec - 1]["content"] = tmsgs[rec - 1]["content"] + f"\n\n[HINT] {hint}"
-            tids, tmask, _ = self._encode(tmsgs, {rec}, rec - 1, cfg.max_seq_len, trim_from=rec)
-            t_ids.append(tids)
-            t_mask.append(tmask)
+            tids, tmask, tspans = self._encode(tmsgs, {rec}, rec - 1, cfg.max_seq_len, trim_from=rec)
             a, b = spans[rec]
-            s_mask.append([1 if a <= k < b else 0 for k in range(len(ids))])
+            # A recovery turn cut at the cap may be cut at a different length in the two rows (the hint
+            # makes the teacher's longer): both masks keep the same leading tokens.
+            ta, tb = tspans.get(rec, (0, 0))
+            n = min(b - a, tb - ta)
+            if n <= 0:
+                t_ids.append([])
+                t_mask.append([])
+                s_mask.append([0] * len(ids))
+                continue
+            any_sdpo = True
+            t_ids.append(tids)
+            t_mask.append([1 if ta <= k < ta + n else 0 for k in range(len(tids))])
+            s_mask.append([1 if a <= k < a + n else 0 for k in range(len(ids))])
         out = {
             "input_ids": _pad(rows_ids, cfg.pad_token_id),
             "attention_mask": _pad([[1] * len(x) for x in rows_ids], 0),
