@@ -150,3 +150,23 @@ def test_k1_kl_in_reward_shifts_advantages(tok, tmp_path):
     k1 = logged(t, "kl_k1/mean")
     assert k1[0] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first update
     assert abs(k1[1]) > 0  # after an update, k1 = sum(log pi - log pi_ref) is nonzero
+
+
+def test_channel_scaling_is_invariant_to_gradient_accumulation(tok, tmp_path):
+    """The SDPO channel is scaled the way TRL scales its own loss: one step of 4 completions as one
+    micro-batch (GA = 1) or as two micro-batches of 2 (GA = 2) moves the weights by the same channel
+    gradient. Plain SGD without clipping, so a weight update is -lr x gradient and the channel's part is
+    the difference from plain GRPOTrainer on the same seed."""
+    ds = rows(1, hint="use the Bash tool with ls")
+    kw = dict(optim="sgd", max_grad_norm=0.0, learning_rate=1e-2, max_steps=1)
+    deltas = []
+    for bs, ga in ((4, 1), (2, 2)):
+        common = dict(per_device_train_batch_size=bs, gradient_accumulation_steps=ga, **kw)
+        ours, m1 = run(ComposerReplicationTrainer, tok, tmp_path / f"o{ga}", ds,
+                       trainer_kw=dict(alpha_sdpo=1.0, beta_replay=0.0), **common)  # fmt: skip
+        assert logged(ours, "sdpo/tokens")[0] > 0
+        plain, m2 = run(trl.GRPOTrainer, tok, tmp_path / f"p{ga}", ds, **common)
+        deltas.append(torch.cat([(p - q).flatten() for p, q in zip(m1.parameters(), m2.parameters())]))
+    a, b = deltas
+    assert a.abs().max() > 1e-6  # the channel moved the weights
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)

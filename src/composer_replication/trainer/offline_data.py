@@ -94,8 +94,9 @@ def trace_batch(collator, rows: list[dict]) -> dict[str, torch.Tensor]:
         k: v for k, v in collator([{**r, "dpo_pairs": None} for r in rows]).items() if torch.is_tensor(v)
     }
     if "sdpo_loss_mask" in batch:
-        # A recovery turn longer than max_seq_len is kept whole by the collator, so its teacher row starts
-        # at the response: position 0 has no predicting logits. Such a row gets no SDPO term.
+        # Guard: a row whose masked span starts at position 0 has no logits predicting that token (the
+        # collator keeps the response's header, so this only happens with a header-less template).
+        # Such a row gets no SDPO term.
         bad = batch["sdpo_loss_mask"][:, 0].bool()
         if "sdpo_student_mask" in batch:
             bad |= batch["sdpo_student_mask"][:, 0].bool()
