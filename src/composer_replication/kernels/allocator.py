@@ -1,6 +1,6 @@
 """Keep freed chunk tiles from lingering in glibc's heap (CPU only, Linux/glibc only).
 
-The chunked and fused losses allocate and free the same few (chunk, V) tiles (~16 MiB each) once per
+The chunked and fused losses allocate and free the same few (chunk, V) tiles (16–40 MiB each) once per
 chunk. glibc serves blocks above ``M_MMAP_THRESHOLD`` with ``mmap`` and returns them on ``free``, but
 its threshold is *dynamic*: the first time an mmapped block is freed, the threshold rises to that
 block's size (up to 32 MiB), so every later tile comes from the heap, where fragmentation keeps

@@ -40,7 +40,7 @@ _CHUNK_BYTES = 40 * 2**20
 
 
 def default_fused_chunk_rows(vocab_size: int) -> int:
-    """Rows per chunk so that one (rows, V) fp32 logits tile is about 16 MiB (at least 16 rows)."""
+    """Rows per chunk so that one (rows, V) fp32 logits tile is about 40 MiB (at least 16 rows)."""
     return max(16, _CHUNK_BYTES // (4 * max(int(vocab_size), 1)))
 
 
