@@ -3,6 +3,8 @@
 Variants (each in a fresh ``torch.cuda.reset_peak_memory_stats`` window, one process):
 
 - ``naive``: `opsd.generalized_jsd_loss` on (B, T, V) fp32 logits;
+- ``naive-linear``: the same reference loss from hidden states + LM head (``F.linear`` to full
+  student logits, teacher logits under no_grad): the like-for-like baseline for the fused variants;
 - ``chunked``: `kernels.chunked.chunked_generalized_jsd_loss` on the same logits;
 - ``fused``: `kernels.fused_linear.fused_generalized_jsd_loss` on hidden states + LM head;
 - ``trl``: TRL 1.16 ``ChunkedDivergenceFunction`` (Triton on CUDA), via `kernels.triton_liger`;
@@ -26,7 +28,7 @@ import json
 import statistics
 import sys
 
-VARIANTS = ("naive", "chunked", "fused", "trl", "liger")
+VARIANTS = ("naive", "naive-linear", "chunked", "fused", "trl", "liger")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,8 +73,18 @@ def _loss_fn(variant: str, beta: float):
     from composer_replication.kernels.triton_liger import gpu_fused_gjsd
     from composer_replication.opsd import generalized_jsd_loss
 
+    def naive_linear(lab, hs, ht, w):
+        import torch
+        import torch.nn.functional as F
+
+        zs = F.linear(hs, w).float()
+        with torch.no_grad():
+            zt = F.linear(ht, w).float()
+        return generalized_jsd_loss(zs, zt, lab, beta=beta)
+
     return {
         "naive": lambda lab, s, t: generalized_jsd_loss(s, t, lab, beta=beta),
+        "naive-linear": naive_linear,
         "chunked": lambda lab, s, t: chunked_generalized_jsd_loss(s, t, lab, beta=beta),
         "fused": lambda lab, hs, ht, w: fused_generalized_jsd_loss(hs, ht, LMHead(w), lab, beta=beta),
         "trl": lambda lab, hs, ht, w: gpu_fused_gjsd(hs, ht, LMHead(w), lab, beta, backend="trl"),
