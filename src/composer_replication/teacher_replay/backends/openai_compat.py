@@ -83,7 +83,7 @@ class OpenAICompatBackend:
         self._httpx = httpx
         self.base_url = spec.get("base_url", OPENROUTER_BASE_URL).rstrip("/")
         self.is_openrouter = self.base_url.startswith(OPENROUTER_BASE_URL)
-        self._url = f"{self.base_url}/chat/completions"
+        self._url = httpx.URL(f"{self.base_url}/chat/completions")  # parsed once, not per request
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -101,6 +101,7 @@ class OpenAICompatBackend:
             for _ in range(n_shards)
         ]
         self._busy = [0] * n_shards
+        self._timeouts: dict[float, Any] = {}
         self.spec = spec
 
     def _body(self, req: ChatRequest) -> dict[str, Any]:
@@ -123,13 +124,20 @@ class OpenAICompatBackend:
         body.update(req.extra_body)
         return body
 
+    def _timeout(self, seconds: float) -> Any:
+        """One ``httpx.Timeout`` per distinct value (built once, not per request)."""
+        t = self._timeouts.get(seconds)
+        if t is None:
+            t = self._timeouts[seconds] = self._httpx.Timeout(seconds)
+        return t
+
     async def complete(self, req: ChatRequest) -> ChatResponse:
         httpx = self._httpx
         shard = min(range(len(self._clients)), key=self._busy.__getitem__)
         self._busy[shard] += 1
         try:
             resp = await self._clients[shard].post(
-                self._url, content=orjson.dumps(self._body(req)), timeout=req.timeout_s
+                self._url, content=orjson.dumps(self._body(req)), timeout=self._timeout(req.timeout_s)
             )
         except httpx.ConnectError as exc:
             raise TeacherError(f"connect error: {exc}", retryable=True, billed=BILLED_NOTHING) from None
