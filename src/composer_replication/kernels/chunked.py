@@ -26,6 +26,14 @@ from collections.abc import Callable, Sequence
 import torch
 
 from composer_replication.kernels.allocator import pin_mmap_threshold
+from composer_replication.kernels.plans import (  # noqa: F401 - re-exported for older imports
+    REDUCTIONS,
+    eopd_plan,
+    gjsd_plan,
+    gjsd_row_fn,
+    reduction_denominator,
+    taid_plan,
+)
 from composer_replication.kernels.rows import ce_rows, eopd_rows, gjsd_rows, logprob_rows, taid_rows
 
 __all__ = [
@@ -43,7 +51,6 @@ __all__ = [
     "chunked_cross_entropy",
 ]
 
-REDUCTIONS = ("batchmean", "sum", "mean", "none")
 # Target bytes of one (chunk, V) fp32 temporary; a chunk needs ~10 of them (values + autograd).
 _CHUNK_BYTES = 16 * 2**20
 
@@ -260,58 +267,6 @@ def reduce_rows(
     )
 
 
-def reduction_denominator(
-    reduction: str, n_valid: int, support: int, num_items_in_batch=None
-) -> torch.Tensor | float | None:
-    """`opsd.reduce_per_token`'s divisor (None = per-token output for ``"none"``)."""
-    if num_items_in_batch is not None:
-        return num_items_in_batch
-    if reduction == "batchmean":
-        return float(max(n_valid, 1))
-    if reduction == "sum":
-        return 1.0
-    if reduction == "mean":
-        return float(max(n_valid * support, 1))
-    return None
-
-
-def gjsd_row_fn(beta, temperature, logits_are_probs, top_k, token_clip):
-    """The GJSD row function with its parameters bound (shared with `kernels.fused_linear`)."""
-
-    def fn(s, t):
-        return gjsd_rows(
-            s,
-            t,
-            beta=beta,
-            temperature=temperature,
-            logits_are_probs=logits_are_probs,
-            top_k=top_k,
-            token_clip=token_clip,
-        )
-
-    if not logits_are_probs and top_k is None:  # closed form (used by the fused-linear engine)
-        from composer_replication.kernels.analytic import gjsd_value_grad
-
-        def analytic(zs, zt, w):
-            return gjsd_value_grad(zs, zt, w, beta=beta, temperature=temperature, token_clip=token_clip)
-
-        fn.analytic = analytic
-    return fn
-
-
-def gjsd_plan(lead, V, labels, reduction, top_k, num_items_in_batch, device):
-    """(keep mask over the N rows, divisor) for a GJSD call, exactly as the reference reduces."""
-    N = math.prod(lead)
-    if labels is None:
-        keep = torch.ones(N, dtype=torch.bool, device=device)
-        n_valid = N
-    else:
-        keep = (labels != -100).reshape(N)
-        n_valid = int(keep.sum())
-    support = V if top_k is None else int(top_k)
-    return keep, reduction_denominator(reduction, n_valid, support, num_items_in_batch)
-
-
 def chunked_generalized_jsd_loss(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
@@ -357,17 +312,6 @@ def check_pair(student: torch.Tensor, teacher: torch.Tensor) -> None:
         )
 
 
-def taid_plan(mask: torch.Tensor | None, lead, dtype, device):
-    """TAID's masked token mean Σ(ℓ·mask)/Σmask (mask None ⇒ mean over all tokens)."""
-    N = math.prod(lead)
-    if mask is None:
-        return torch.ones(N, dtype=dtype, device=device), float(max(N, 1))
-    if tuple(mask.shape) != tuple(lead):
-        raise ValueError(f"mask {tuple(mask.shape)} must be {tuple(lead)} (the logits' B, T)")
-    w = mask.reshape(N).to(dtype)
-    return w, w.sum().clamp_min(1)
-
-
 def chunked_taid_loss(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
@@ -395,30 +339,6 @@ def chunked_taid_loss(
         out_shape=tuple(lead),
         chunk_rows=chunk_rows or default_chunk_rows(V),
     )
-
-
-def eopd_plan(labels, lead, V, reduction, h_max, temperature, device):
-    """(keep mask, divisor, h_max) for entropy-aware OPD, with the reference's checks."""
-    from composer_replication.distillation.entropy_aware_opd import _keep_mask
-
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r} is unknown; use one of {REDUCTIONS}")
-    if not temperature > 0:
-        raise ValueError(f"temperature={temperature} must be > 0")
-    if h_max is not None and not h_max > 0:
-        raise ValueError(f"h_max={h_max} must be > 0 nats, or None for log(V)")
-    N = math.prod(lead)
-    if labels is None:
-        keep, n_valid = torch.ones(N, dtype=torch.bool, device=device), N
-    else:
-        if tuple(labels.shape) != tuple(lead):
-            raise ValueError(
-                f"labels {tuple(labels.shape)} must match the per-token loss shape {tuple(lead)}"
-            )
-        keep = _keep_mask(labels).reshape(N)
-        n_valid = int(keep.sum())
-    hm = math.log(V) if h_max is None else float(h_max)
-    return keep, reduction_denominator(reduction, n_valid, V), hm
 
 
 def chunked_entropy_aware_opd_loss(

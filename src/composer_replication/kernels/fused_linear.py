@@ -22,7 +22,7 @@ import torch
 
 from composer_replication.kernels.allocator import pin_mmap_threshold
 from composer_replication.kernels.analytic import ce_value_grad, logprob_value_grad
-from composer_replication.kernels.chunked import eopd_plan, gjsd_plan, gjsd_row_fn, taid_plan
+from composer_replication.kernels.plans import eopd_plan, gjsd_plan, gjsd_row_fn, taid_plan
 from composer_replication.kernels.rows import ce_rows, eopd_rows, logprob_rows, taid_rows
 
 __all__ = [
