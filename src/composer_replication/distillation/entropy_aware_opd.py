@@ -36,6 +36,16 @@ def teacher_entropy(teacher_logits: torch.Tensor) -> torch.Tensor:
     return -torch.where(p > 0, p * logp, torch.zeros_like(logp)).sum(-1)
 
 
+def check_eopd_args(reduction: str, temperature: float, h_max: float | None) -> None:
+    """The argument checks shared with the chunked and fused paths (`kernels.plans.eopd_plan`)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r} is unknown; use one of {REDUCTIONS}")
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature} must be > 0")
+    if h_max is not None and not h_max > 0:
+        raise ValueError(f"h_max={h_max} must be > 0 nats, or None for log(V)")
+
+
 def _keep_mask(labels: torch.Tensor) -> torch.Tensor:
     # A 0/1 (or bool) mask as the API states; HF-style labels (-100 = ignore) are accepted too.
     if labels.dtype == torch.bool:
@@ -79,12 +89,7 @@ def entropy_aware_opd_loss(
     lead = student_logits.shape[:-1]
     if labels is not None and tuple(labels.shape) != tuple(lead):
         raise ValueError(f"labels {tuple(labels.shape)} must match the per-token loss shape {tuple(lead)}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r} is unknown; use one of {REDUCTIONS}")
-    if not temperature > 0:
-        raise ValueError(f"temperature={temperature} must be > 0")
-    if h_max is not None and not h_max > 0:
-        raise ValueError(f"h_max={h_max} must be > 0 nats, or None for log(V)")
+    check_eopd_args(reduction, temperature, h_max)
     vocab = student_logits.shape[-1]
     h_max = math.log(vocab) if h_max is None else float(h_max)
     s, t = student_logits, teacher_logits

@@ -84,14 +84,9 @@ def taid_plan(mask: torch.Tensor | None, lead, dtype, device):
 
 def eopd_plan(labels, lead, V, reduction, h_max, temperature, device):
     """(keep mask, divisor, h_max) for entropy-aware OPD, with the reference's checks."""
-    from composer_replication.distillation.entropy_aware_opd import _keep_mask
+    from composer_replication.distillation.entropy_aware_opd import _keep_mask, check_eopd_args
 
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r} is unknown; use one of {REDUCTIONS}")
-    if not temperature > 0:
-        raise ValueError(f"temperature={temperature} must be > 0")
-    if h_max is not None and not h_max > 0:
-        raise ValueError(f"h_max={h_max} must be > 0 nats, or None for log(V)")
+    check_eopd_args(reduction, temperature, h_max)
     N = math.prod(lead)
     if labels is None:
         keep, n_valid = torch.ones(N, dtype=torch.bool, device=device), N
