@@ -140,16 +140,21 @@ def _check(
         raise ValueError(
             f"labels {tuple(labels.shape)} must match the logits' leading shape {tuple(student_logits.shape[:-1])}"
         )
+    _check_gjsd_params(beta, temperature, reduction, top_k, token_clip, student_logits.shape[-1])
+
+
+def _check_gjsd_params(
+    beta: float, temperature: float, reduction: str, top_k: int | None, token_clip: float | None, vocab: int
+) -> None:
+    """The scalar argument checks of the generalized JSD (shared with the chunked and fused paths)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} is unknown; use one of {REDUCTIONS}")
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"beta={beta} must be in [0, 1] (0 = forward KL, 0.5 = JSD, 1 = reverse KL)")
     if not temperature > 0:
         raise ValueError(f"temperature={temperature} must be > 0")
-    if top_k is not None and not 1 <= int(top_k) <= student_logits.shape[-1]:
-        raise ValueError(
-            f"top_k={top_k} must be in [1, V={student_logits.shape[-1]}], or None for the full vocabulary"
-        )
+    if top_k is not None and not 1 <= int(top_k) <= vocab:
+        raise ValueError(f"top_k={top_k} must be in [1, V={vocab}], or None for the full vocabulary")
     if token_clip is not None and not token_clip > 0:
         raise ValueError(f"token_clip={token_clip} must be > 0, or None to disable clipping")
 

@@ -36,7 +36,7 @@ def teacher_entropy(teacher_logits: torch.Tensor) -> torch.Tensor:
     return -torch.where(p > 0, p * logp, torch.zeros_like(logp)).sum(-1)
 
 
-def check_eopd_args(reduction: str, temperature: float, h_max: float | None) -> None:
+def _check_eopd_args(reduction: str, temperature: float, h_max: float | None) -> None:
     """The argument checks shared with the chunked and fused paths (`kernels.plans.eopd_plan`)."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} is unknown; use one of {REDUCTIONS}")
@@ -89,7 +89,7 @@ def entropy_aware_opd_loss(
     lead = student_logits.shape[:-1]
     if labels is not None and tuple(labels.shape) != tuple(lead):
         raise ValueError(f"labels {tuple(labels.shape)} must match the per-token loss shape {tuple(lead)}")
-    check_eopd_args(reduction, temperature, h_max)
+    _check_eopd_args(reduction, temperature, h_max)
     vocab = student_logits.shape[-1]
     h_max = math.log(vocab) if h_max is None else float(h_max)
     s, t = student_logits, teacher_logits

@@ -296,19 +296,10 @@ def fused_generalized_jsd_loss(
     ``head.detached()``: the teacher sends no gradient into the head, as in SDPO where teacher
     logits come from a no-grad forward of the same model.
     """
-    from composer_replication.opsd import REDUCTIONS
+    from composer_replication.opsd import _check_gjsd_params
 
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction={reduction!r} is unknown; use one of {REDUCTIONS}")
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"beta={beta} must be in [0, 1] (0 = forward KL, 0.5 = JSD, 1 = reverse KL)")
-    if not temperature > 0:
-        raise ValueError(f"temperature={temperature} must be > 0")
     V = head.vocab_size
-    if top_k is not None and not 1 <= int(top_k) <= V:
-        raise ValueError(f"top_k={top_k} must be in [1, V={V}], or None for the full vocabulary")
-    if token_clip is not None and not token_clip > 0:
-        raise ValueError(f"token_clip={token_clip} must be > 0, or None to disable clipping")
+    _check_gjsd_params(beta, temperature, reduction, top_k, token_clip, V)
     lead, N, hs, ht = _flat2(student_hidden, teacher_hidden)
     keep, denom = gjsd_plan(lead, V, labels, reduction, top_k, num_items_in_batch, hs.device)
     fn = gjsd_row_fn(beta, temperature, False, top_k, token_clip)

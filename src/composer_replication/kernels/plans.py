@@ -13,10 +13,9 @@ import math
 import torch
 
 from composer_replication.kernels.rows import gjsd_rows
+from composer_replication.opsd import REDUCTIONS  # noqa: F401 - re-exported
 
 __all__ = ["eopd_plan", "gjsd_plan", "gjsd_row_fn", "reduction_denominator", "taid_plan"]
-
-REDUCTIONS = ("batchmean", "sum", "mean", "none")
 
 
 def reduction_denominator(
@@ -84,9 +83,9 @@ def taid_plan(mask: torch.Tensor | None, lead, dtype, device):
 
 def eopd_plan(labels, lead, V, reduction, h_max, temperature, device):
     """(keep mask, divisor, h_max) for entropy-aware OPD, with the reference's checks."""
-    from composer_replication.distillation.entropy_aware_opd import _keep_mask, check_eopd_args
+    from composer_replication.distillation.entropy_aware_opd import _check_eopd_args, _keep_mask
 
-    check_eopd_args(reduction, temperature, h_max)
+    _check_eopd_args(reduction, temperature, h_max)
     N = math.prod(lead)
     if labels is None:
         keep, n_valid = torch.ones(N, dtype=torch.bool, device=device), N
