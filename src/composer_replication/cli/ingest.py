@@ -90,7 +90,9 @@ def _print_table(result: dict[str, Any]) -> None:
         print(f"inputs unchanged since the last run; outputs in {result['out_dir']} kept (--force to redo)")
     t = result["totals"]
     rows = [
-        ("files", t["n_files"]), ("records", t["n_records_total"]), ("bad lines", t["skipped_truncated_lines"]),
+        ("files", t["n_files"]), ("files failed", t.get("n_file_errors", 0)),
+        ("entries skipped", t.get("n_files_skipped", 0)), ("records", t["n_records_total"]),
+        ("bad lines", t["skipped_truncated_lines"]), ("malformed records", t["n_malformed_records"]),
         ("duplicates dropped", t["n_duplicates"]), ("sidechain records skipped", t["skipped_subagent"]),
         ("API-error records dropped", t["n_api_errors"]), ("compactions", t["n_compactions"]),
         ("assistant turns", t["n_assistant_turns"]), ("states written", t["n_states_emitted"]),
@@ -106,4 +108,20 @@ def _print_table(result: dict[str, Any]) -> None:
         print("  redacted: " + ", ".join(f"{k}={v}" for k, v in sorted(t["redactions"].items())))
     for w in t["version_warnings"] or []:
         print(f"  warning: {w}")
+    _print_problems(result)
     print(f"wrote {result['out_dir']}/states.jsonl, traces.jsonl, ingest_stats.json")
+
+
+def _print_problems(result: dict[str, Any], limit: int = 10) -> None:
+    """Name every file that failed or was skipped, and the first bad lines of each file that had some."""
+    lines = [f"  failed: {f['error']}" for f in result.get("files", []) if f.get("error")]
+    lines += [f"  skipped: {s['path']}: {s['reason']}" for s in result.get("skipped", [])]
+    for f in result.get("files", []):
+        bad = f.get("first_bad_lines")
+        if bad:
+            where = ", ".join(f"line {b['line']} ({b['reason']})" for b in bad)
+            lines.append(f"  bad lines in {f['file']}: {where}")
+    for line in lines[:limit]:
+        print(line)
+    if len(lines) > limit:
+        print(f"  ... and {len(lines) - limit} more (see ingest_stats.json)")

@@ -8,6 +8,7 @@ redacts secrets (on by default) and writes both outputs atomically, plus ``inges
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import warnings
@@ -17,6 +18,7 @@ from typing import Any
 
 from composer_replication._io import atomic_open, atomic_write_json
 from composer_replication.ingestion import _json
+from composer_replication.ingestion._files import SessionFileError, read_session_bytes, scan_session_files
 from composer_replication.ingestion._session import IngestionStats
 from composer_replication.ingestion.claude_code import SYSTEM_PROMPT, ClaudeCodeIngester, is_subagent_path
 from composer_replication.ingestion.codex import CodexIngester
@@ -32,15 +34,16 @@ __all__ = [
     "detect_format",
     "find_session_files",
     "ingest_paths",
+    "scan_session_files",
 ]
 
 _CODEX_HINTS = (b'"session_meta"', b'"response_item"', b'"event_msg"', b'"turn_context"', b'"record_type"')
 
 
-def detect_format(path: Path) -> str:
+def detect_format(path: Path, head: bytes | None = None) -> str:
     """``"codex"`` or ``"claude_code"``, from the first lines of the file (then its name)."""
-    with open(path, "rb") as fh:
-        head = fh.read(65536)
+    if head is None:
+        head = read_session_bytes(path, 65536)
     for line in head.split(b"\n")[:20]:
         if any(h in line for h in _CODEX_HINTS):
             return "codex"
@@ -61,41 +64,53 @@ def default_session_roots() -> list[Path]:
 
 
 def find_session_files(paths: Iterable[str | Path], *, skip_sidechain: bool = True) -> list[Path]:
-    """Expand files and folders to ``*.jsonl`` files; a folder is searched recursively."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files = sorted(f for f in p.rglob("*.jsonl") if f.is_file())
-            if skip_sidechain:
-                files = [f for f in files if not is_subagent_path(f.relative_to(p))]
-            out.extend(files)
-        elif p.is_file():
-            out.append(p)
-        else:
-            raise FileNotFoundError(
-                f"{p}: no such file or folder (pass a session .jsonl, a project folder or ~/.claude/projects)"
-            )
-    return list(dict.fromkeys(out))
+    """Expand files and folders to ``*.jsonl`` files; a folder is searched recursively.
+
+    Entries that cannot be used (FIFOs, dangling or looping symlinks, unreadable folders) are left out here;
+    :func:`scan_session_files` returns them with the reason, and ``ingest_paths`` counts and names them.
+    """
+    return scan_session_files(paths, keep=_keeper(skip_sidechain))[0]
 
 
-def _first_timestamp(path: Path) -> str:
-    with open(path, "rb") as fh:
-        for line in fh:
-            try:
-                ts = _json.loads(line).get("timestamp")
-            except (_json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-                continue
-            if isinstance(ts, str):
-                return ts
+def _keeper(skip_sidechain: bool) -> Callable[[Path, Path], bool] | None:
+    if not skip_sidechain:
+        return None
+    return lambda f, root: not is_subagent_path(f.relative_to(root))
+
+
+def _first_timestamp(head: bytes) -> str:
+    for line in head.split(b"\n"):
+        try:
+            ts = _json.loads(line).get("timestamp")
+        except (_json.JSONDecodeError, UnicodeDecodeError, AttributeError, RecursionError):
+            continue
+        if isinstance(ts, str):
+            return ts
     return ""
 
 
-def _fingerprint(files: Sequence[Path], options: dict[str, Any]) -> str:
+def _fingerprint(files: Sequence[Path], sizes: dict[Path, tuple[int, int]], options: dict[str, Any]) -> str:
     h = hashlib.sha256(json.dumps(options, sort_keys=True, default=str).encode())
     for f in files:
-        st = f.stat()
-        h.update(f"{f.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        size, mtime = sizes.get(f, (-1, -1))
+        h.update(f"{f.resolve()}\0{size}\0{mtime}\n".encode())
     return h.hexdigest()
+
+
+def _stat_all(files: Sequence[Path]) -> tuple[dict[Path, tuple[int, int]], dict[Path, str]]:
+    sizes: dict[Path, tuple[int, int]] = {}
+    errors: dict[Path, str] = {}
+    for f in files:
+        try:
+            st = f.stat()
+        except FileNotFoundError:
+            errors[f] = f"{f}: no such file (deleted or moved after it was listed?)"
+            continue
+        except OSError as exc:
+            errors[f] = f"{f}: cannot stat: {exc.strerror or exc}"
+            continue
+        sizes[f] = (st.st_size, st.st_mtime_ns)
+    return sizes, errors
 
 
 def ingest_paths(
@@ -118,9 +133,15 @@ def ingest_paths(
     mtimes) and options are unchanged since the last run, nothing is redone (``force=True`` reruns).
     """
     out = Path(out_dir)
-    files = find_session_files(paths, skip_sidechain=skip_sidechain)
+    paths = list(paths)
+    files, skipped = scan_session_files(paths, keep=_keeper(skip_sidechain))
     if not files:
-        raise FileNotFoundError(f"no *.jsonl session files under {', '.join(map(str, paths))}")
+        why = (
+            f" ({len(skipped)} entries skipped: {skipped[0]['path']}: {skipped[0]['reason']})"
+            if skipped
+            else ""
+        )
+        raise FileNotFoundError(f"no *.jsonl session files under {', '.join(map(str, paths))}{why}")
     if not redact:
         warnings.warn(
             "secret redaction is OFF: API keys in the sessions will be written to disk", stacklevel=2
@@ -130,10 +151,12 @@ def ingest_paths(
         "strip_thinking": strip_thinking, "max_history_tokens": max_history_tokens,
         "example_max_tokens": example_max_tokens, "token_counter": getattr(token_counter, "__qualname__", None),
     }  # fmt: skip
-    fingerprint = _fingerprint(files, options)
+    sizes, stat_errors = _stat_all(files)
+    fingerprint = _fingerprint(files, sizes, options)
     stats_path = out / "ingest_stats.json"
     if (
         not force
+        and not stat_errors
         and stats_path.exists()
         and (out / "states.jsonl").exists()
         and (out / "traces.jsonl").exists()
@@ -150,42 +173,79 @@ def ingest_paths(
               token_counter=token_counter, redactor=redactor, example_max_tokens=example_max_tokens,
               skip_sidechain=skip_sidechain)  # fmt: skip
     ingesters = {"claude_code": ClaudeCodeIngester(**kw), "codex": CodexIngester(**kw)}
+    total = IngestionStats()
+    per_file: list[dict[str, Any]] = []
+    heads: dict[Path, bytes] = {}
+    for f in files:
+        if f in stat_errors:
+            continue
+        try:
+            heads[f] = read_session_bytes(f, 65536)
+        except SessionFileError as exc:
+            stat_errors[f] = str(exc)
+    for f, err in stat_errors.items():
+        total.n_files += 1
+        total.n_file_errors += 1
+        per_file.append({"file": str(f), "error": err})
     # Resumed sessions copy records into a new file of the same project folder: dedup by uuid per folder,
     # earliest session first (so the copy kept is the original), and forget the set between folders so
     # that memory does not grow with the number of projects.
     by_dir: dict[Path, list[Path]] = {}
-    for f in files:
+    for f in heads:
         by_dir.setdefault(f.parent, []).append(f)
-    total = IngestionStats()
-    per_file: list[dict[str, Any]] = []
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, desc="ingest")
+        bar = tqdm(total=sum(sizes[f][0] for f in heads), unit="B", unit_scale=True, desc="ingest")
     with (
         atomic_open(out / "states.jsonl", "wb", encoding=None) as sfh,
         atomic_open(out / "traces.jsonl", "wb", encoding=None) as tfh,
     ):
         for folder in sorted(by_dir):
             seen: set[str] = set()
-            for f in sorted(by_dir[folder], key=lambda p: (_first_timestamp(p), p.name)):
-                fmt = detect_format(f)
+            for f in sorted(by_dir[folder], key=lambda p: (_first_timestamp(heads[p]), p.name)):
+                fmt = detect_format(f, heads[f])
                 states, examples, st = ingesters[fmt].ingest_file(f, seen_uuids=seen)
-                _write_states(sfh, states)
-                for ex in examples:
-                    tfh.write(_json.dumps(ex) + b"\n")
+                row: dict[str, Any] = {"file": str(f), "format": fmt}
+                try:
+                    if st.file_error is None:
+                        state_bytes = _encode_states(states)
+                        trace_bytes = b"".join(_json.dumps(ex) + b"\n" for ex in examples)
+                except Exception as exc:  # e.g. a value no encoder accepts: this file fails, the others go on
+                    st = IngestionStats(n_files=1, n_file_errors=1, file_error=f"{f}: cannot encode: {exc}")
+                if st.file_error is None:
+                    sfh.write(state_bytes)
+                    tfh.write(trace_bytes)
+                    row.update(states=st.n_states_emitted, examples=st.n_examples, tool_errors=st.n_tool_errors,
+                               bad_lines=st.skipped_truncated_lines)  # fmt: skip
+                    if st.bad_lines:
+                        row["first_bad_lines"] = st.bad_lines
+                else:
+                    row["error"] = st.file_error
                 total.add(st)
-                per_file.append({"file": str(f), "format": fmt, "states": st.n_states_emitted,
-                                 "examples": st.n_examples, "tool_errors": st.n_tool_errors,
-                                 "bad_lines": st.skipped_truncated_lines})  # fmt: skip
+                per_file.append(row)
                 if bar is not None:
-                    bar.update(f.stat().st_size)
+                    bar.update(sizes[f][0])
     if bar is not None:
         bar.close()
-    result = {"fingerprint": fingerprint, "out_dir": str(out), "totals": total.to_dict(), "files": per_file}
+    result = {
+        "fingerprint": fingerprint,
+        "out_dir": str(out),
+        "totals": {**total.to_dict(), "n_files_skipped": len(skipped)},
+        "files": per_file,
+        "skipped": skipped,
+    }
+    for k in ("bad_lines", "file_error"):
+        result["totals"].pop(k, None)
     atomic_write_json(stats_path, result)
     return result
+
+
+def _encode_states(states: list[dict[str, Any]]) -> bytes:
+    buf = io.BytesIO()
+    _write_states(buf, states)
+    return buf.getvalue()
 
 
 def _write_states(fh: Any, states: list[dict[str, Any]]) -> None:

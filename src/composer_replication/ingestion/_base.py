@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from composer_replication.ingestion._reader import read_records
+from composer_replication.ingestion._files import SessionFileError
+from composer_replication.ingestion._reader import json_depth_exceeds, note_line, read_records
 from composer_replication.ingestion._session import BuildOptions, IngestionStats, build, estimate_tokens
 from composer_replication.ingestion.redact import Redactor
 
@@ -59,13 +60,55 @@ class SessionIngester:
     def ingest_file(
         self, path: Path, *, seen_uuids: set[str] | None = None
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], IngestionStats]:
+        """``(states, examples, stats)`` for one file. A file that cannot be read, or whose processing fails,
+        gives no rows and ``stats.file_error`` (one line naming the problem); it never raises."""
         stats = IngestionStats(n_files=1)
         self.last_stats = stats
         before = dict(self.redactor.counts)
-        records = read_records(path, stats)
-        convs = self._conversations(path, records, stats, seen_uuids)
-        states, examples = build(convs, path.stem, self.opts, stats)
+        linenos: list[int] = []
+        try:
+            records = read_records(path, stats, linenos)
+            self._records, self._linenos = records, linenos
+            convs = self._conversations(path, records, stats, seen_uuids)
+            states, examples = build(convs, path.stem, self.opts, stats)
+        except SessionFileError as exc:
+            return [], [], _failed(stats, str(exc))
+        except (Exception, RecursionError) as exc:  # one file's surprise must not stop the others
+            return [], [], _failed(stats, f"{path}: {type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            self._records, self._linenos = [], []
         for k, v in self.redactor.counts.items():
             if v - before.get(k, 0):
                 stats.redactions[k] = v - before.get(k, 0)
         return states, examples, stats
+
+    _records: list[dict[str, Any]] = []
+    _linenos: list[int] = []
+
+    def _bad_record(self, rec: dict[str, Any], stats: IngestionStats, reason: str) -> None:
+        """Count a record whose fields are unusable and remember its line number."""
+        stats.n_malformed_records += 1
+        lineno = next(
+            (
+                n
+                for r, n in zip(self._records, self._linenos, strict=False)
+                if r is rec or r.get("payload") is rec
+            ),
+            0,
+        )
+        note_line(stats, lineno, reason)
+
+    def _tool_input(self, value: Any) -> Any:
+        """A tool call's input, redacted; refuses absurd nesting (every encoder downstream has a depth limit)."""
+        if isinstance(value, (dict, list)) and json_depth_exceeds(value, MAX_INPUT_DEPTH):
+            raise ValueError(f"tool input nested deeper than {MAX_INPUT_DEPTH} levels")
+        return self.redactor.redact_obj(value)
+
+
+MAX_INPUT_DEPTH = 100
+
+
+def _failed(stats: IngestionStats, message: str) -> IngestionStats:
+    stats.file_error = message
+    stats.n_file_errors = 1
+    return stats

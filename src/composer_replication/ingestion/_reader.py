@@ -8,44 +8,140 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.ingestion import _json
+from composer_replication.ingestion._files import read_session_bytes
 from composer_replication.ingestion._session import IngestionStats
 
 
-def read_records(path: Path, stats: IngestionStats) -> list[dict[str, Any]]:
+def read_records(path: Path, stats: IngestionStats, linenos: list[int] | None = None) -> list[dict[str, Any]]:
     """Parse every line of ``path``; count blank-skipped, non-UTF-8 and unparseable lines in ``stats``.
 
-    Lines with invalid UTF-8 are decoded with U+FFFD replacement and parsed if still valid JSON (the bad
-    byte usually sits inside a string). A torn last line (a session still being written) is one more bad line.
+    Lines with invalid UTF-8 (or a lone ``\\ud800``-style surrogate escape) are repaired with U+FFFD and parsed if
+    still valid JSON (the bad byte usually sits inside a string); integers too long for a 64-bit value become
+    strings. A torn last line (a session still being written) is one more bad line. The first bad lines are
+    named in ``stats.bad_lines`` (line number and reason). Raises :class:`SessionFileError` when the file
+    cannot be read at all (the caller records it as a per-file error). ``linenos`` receives the line number
+    of each returned record.
     """
-    data = path.read_bytes()
+    data = read_session_bytes(path)
     out: list[dict[str, Any]] = []
     loads = _json.loads
-    for line in data.split(b"\n"):
+    for lineno, line in enumerate(data.split(b"\n"), 1):
         if not line or line.isspace():
             continue
         stats.n_lines += 1
         try:
             rec = loads(line)
         except (_json.JSONDecodeError, UnicodeDecodeError):
-            rec = _slow_parse(line, stats)
+            rec = _slow_parse(line, stats, lineno)
         if type(rec) is not dict:
             stats.skipped_truncated_lines += 1
+            if rec is not _BAD:
+                note_line(stats, lineno, "not a JSON object")
             continue
         out.append(rec)
+        if linenos is not None:
+            linenos.append(lineno)
     stats.n_records_total += len(out)
     return out
 
 
-def _slow_parse(line: bytes, stats: IngestionStats) -> Any:
+_BAD = object()
+MAX_NOTED_LINES = 5
+
+
+def note_line(stats: IngestionStats, lineno: int, reason: str) -> None:
+    """Remember the first few problem lines of a file (``stats.bad_lines``) for the summary."""
+    if len(stats.bad_lines) < MAX_NOTED_LINES:
+        stats.bad_lines.append({"line": lineno, "reason": reason})
+
+
+def _slow_parse(line: bytes, stats: IngestionStats, lineno: int) -> Any:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         stats.n_non_utf8_lines += 1
+        note_line(stats, lineno, "invalid UTF-8 replaced with U+FFFD")
         text = line.decode("utf-8", "replace")
+    big: list[str] = []
+
+    def safe_int(digits: str) -> Any:
+        v = int(digits) if len(digits) < 4300 else None
+        if v is not None and -(2**63) <= v < 2**64:
+            return v
+        big.append(digits)  # orjson cannot encode it and int() refuses > 4300 digits: keep the digits as text
+        return digits
+
     try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        return None
+        rec = json.loads(text, parse_int=safe_int)
+    except RecursionError:
+        note_line(stats, lineno, "nested too deeply to parse")
+        return _BAD
+    except ValueError as exc:
+        note_line(stats, lineno, f"not JSON ({str(exc)[:80]})")
+        return _BAD
+    if big:
+        note_line(stats, lineno, "integer too long for 64 bits kept as text")
+    if _has_surrogate(text):
+        rec, changed = _fix_surrogates(rec)
+        if changed:
+            stats.n_non_utf8_lines += 1
+            note_line(stats, lineno, "lone surrogate escape replaced with U+FFFD")
+    return rec
+
+
+_SURROGATE_ESC = re.compile(r"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}")
+_LONE = re.compile("[\ud800-\udfff]")
+
+
+def _has_surrogate(text: str) -> bool:
+    return "\\u" in text and _SURROGATE_ESC.search(text) is not None
+
+
+def _fix_surrogates(obj: Any) -> tuple[Any, bool]:
+    """Replace lone surrogates in every string (keys too), iteratively: the value may be deeply nested."""
+    changed = False
+
+    def clean(s: str) -> str:
+        nonlocal changed
+        if _LONE.search(s) is None:
+            return s
+        changed = True
+        return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+    if isinstance(obj, str):
+        return clean(obj), changed
+    stack: list[Any] = [obj]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                if isinstance(v, str):
+                    node[i] = clean(v)
+                elif isinstance(v, (list, dict)):
+                    stack.append(v)
+        elif isinstance(node, dict):
+            for k in list(node):
+                v = node.pop(k)
+                if isinstance(v, str):
+                    v = clean(v)
+                elif isinstance(v, (list, dict)):
+                    stack.append(v)
+                node[clean(k)] = v
+    return obj, changed
+
+
+def json_depth_exceeds(obj: Any, limit: int) -> bool:
+    """True when ``obj`` nests lists/dicts deeper than ``limit`` (iterative: safe on any depth)."""
+    stack = [(obj, 1)]
+    while stack:
+        node, d = stack.pop()
+        if d > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, d + 1) for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            stack.extend((v, d + 1) for v in node if isinstance(v, (dict, list)))
+    return False
 
 
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)\.(\d+)")

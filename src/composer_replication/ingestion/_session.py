@@ -52,8 +52,12 @@ class IngestionStats:
     n_empty_turns: int = 0
     n_history_truncated: int = 0
     n_examples: int = 0
+    n_file_errors: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
     redactions: dict[str, int] = field(default_factory=dict)
+    # Per file only (not totalled): the first problem lines ({"line", "reason"}) and why the file failed.
+    bad_lines: list[dict[str, Any]] = field(default_factory=list)
+    file_error: str | None = None
 
     def __post_init__(self) -> None:
         if self.version_warnings is None:
@@ -62,6 +66,8 @@ class IngestionStats:
     def add(self, other: IngestionStats) -> None:
         """Accumulate ``other`` into ``self`` (used to total several files)."""
         for k, v in asdict(other).items():
+            if k in _PER_FILE:
+                continue
             mine = getattr(self, k)
             if isinstance(v, int):
                 setattr(self, k, mine + v)
@@ -73,6 +79,9 @@ class IngestionStats:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_PER_FILE = frozenset({"bad_lines", "file_error"})
 
 
 @dataclass(slots=True)

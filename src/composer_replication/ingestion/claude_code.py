@@ -91,7 +91,7 @@ class ClaudeCodeIngester(SessionIngester):
         last_version: Any = None
         for rec in records:
             if not _well_formed(rec):
-                stats.n_malformed_records += 1
+                self._bad_record(rec, stats, "envelope field of the wrong type")
                 continue
             t = rec.get("type")
             if t not in _KNOWN_TYPES:
@@ -183,9 +183,9 @@ class ClaudeCodeIngester(SessionIngester):
         for r in recs:
             try:
                 used += self._record(r, segments, calls, stats)
-            except (TypeError, AttributeError, ValueError, KeyError):
+            except (TypeError, AttributeError, ValueError, KeyError, RecursionError) as exc:
                 # A record whose fields have unexpected types: count it, keep the rest of the session.
-                stats.n_malformed_records += 1
+                self._bad_record(r, stats, f"unusable {r.get('type')} record: {str(exc)[:80]}")
         return segments, used
 
     def _record(
@@ -257,7 +257,7 @@ class ClaudeCodeIngester(SessionIngester):
                 out.append(Block("text", red(str(b.get("text") or ""))))
             elif kind == "tool_use":
                 stats.n_tool_use_blocks += 1
-                tool_input = self.redactor.redact_obj(b.get("input", {}))
+                tool_input = self._tool_input(b.get("input", {}))
                 out.append(
                     Block(
                         "tool_use",

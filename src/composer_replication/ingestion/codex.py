@@ -94,7 +94,7 @@ class CodexIngester(SessionIngester):
             t = rec.get("type")
             payload = rec.get("payload")
             if not isinstance(t, (str, type(None))):
-                stats.n_malformed_records += 1
+                self._bad_record(rec, stats, "type field of the wrong type")
                 continue
             if t in _ENVELOPE_TYPES and isinstance(payload, dict):
                 if t == "response_item":
@@ -140,8 +140,8 @@ class CodexIngester(SessionIngester):
         for it in items:
             try:
                 current = self._item(it, segments, calls, current, stats)
-            except (TypeError, AttributeError, ValueError, KeyError):
-                stats.n_malformed_records += 1
+            except (TypeError, AttributeError, ValueError, KeyError, RecursionError) as exc:
+                self._bad_record(it, stats, f"unusable {it.get('type')} item: {str(exc)[:80]}")
                 current = None
         return segments
 
@@ -198,7 +198,7 @@ class CodexIngester(SessionIngester):
             b = Block(
                 "tool_use",
                 name=name,
-                input=self.redactor.redact_obj(tool_input),
+                input=self._tool_input(tool_input),
                 id=str(it.get("call_id") or ""),
             )
             current.blocks.append(b)
