@@ -5,10 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-# System packages: bubblewrap (rollout sandbox), chromium (the report's render test).
+# System packages: bubblewrap (rollout sandbox), docker.io (the docker sandbox backend; scripts/dockerd.sh
+# starts a private daemon), chromium (the report's render test).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   need=()
   command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+  command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

@@ -12,16 +12,27 @@ What is covered:
   apply — root is exempt from it) and the command drops to an unprivileged uid (65534 by default) with
   every capability removed and ``no_new_privs`` set, before anything the agent wrote runs. As a
   non-root user, bwrap's user namespace (``--unshare-all``) is used instead.
-- **Limits** (``prlimit``): CPU seconds, address space, process count, file size, open files, no core
-  dumps. The **wall clock** is enforced by the caller: the whole process group is killed, and with it
-  the PID namespace (``--die-with-parent``, ``--new-session`` stop terminal and orphan tricks).
+- **Limits**: as root with a writable cgroup file system, every command runs in its own memory +
+  pids cgroup, so ``memory_mb`` (swap included) and ``nproc`` hold for **all its processes together**
+  (`bwrap_limits.SandboxCgroup`); ``prlimit`` adds per-process CPU seconds, address space, file size,
+  open files and no core dumps. The **wall clock** is enforced by the caller: the whole process group is
+  killed, and with it the PID namespace (``--die-with-parent``, ``--new-session`` stop terminal and
+  orphan tricks); the cgroup is emptied after every command.
+- **Disk**: as root the workspace and ``/tmp`` are one tmpfs of ``workspace_mb`` mounted on the host
+  (`bwrap_limits.TmpfsWorkspace`): everything the sandbox writes is capped together.
+- **Kernel keyrings and namespaces**: a seccomp filter (`seccomp.deny_filter`) makes ``keyctl``,
+  ``add_key``, ``request_key``, ``unshare``, ``setns`` and namespace-creating ``clone`` fail;
+  ``/proc/keys`` and ``/proc/key-users`` read as empty.
 - **put/get** refuse paths outside the workspace, including through symlinks the agent planted.
 
 What is not covered:
 - Kernel exploits: this is namespaces plus rlimits, not a VM (use docker with gVisor, or a microVM).
-- A disk quota: many files each under ``fsize`` can fill the workspace's file system.
-- RLIMIT_NPROC counts every process of the sandbox uid on the host, so concurrent sandboxes share it.
-- CPU/memory *fairness* between sandboxes (no cgroups here; cgroups v1 on the CI machines is read-only).
+- Without root or without a writable cgroup file system (`containment` says which applies): memory
+  is capped per process (RLIMIT_AS) and the process count per uid (RLIMIT_NPROC, shared by concurrent
+  sandboxes), so a sandbox can hold up to ``memory_mb * nproc``; without root the workspace is a host
+  directory whose size is checked after each command (``workspace_limit``), and ``/tmp`` a per-command
+  tmpfs of ``workspace_mb``.
+- CPU *fairness* between sandboxes (no cpu cgroup; ``cpu_s`` caps each process's CPU time).
 """
 
 from __future__ import annotations
@@ -35,37 +46,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from composer_replication.datagen import bwrap_limits
 from composer_replication.datagen.sandbox import (
     ExecResult,
     SandboxError,
     SandboxLimits,
     check_command,
+    limit_violations,
     safe_relpath,
     truncate_output,
 )
+from composer_replication.datagen.seccomp import deny_filter
 
 WORKDIR = "/workspace"
 # Only what the dynamic loader, Python and coreutils read. Notably absent: shadow, passwd, ssh, ssl keys.
 _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime")
 _MiB = 1024 * 1024
-
-
-def _limit_violations(output: str, returncode: int) -> list[str]:
-    """Which resource limit (if any) visibly fired: used to *report* containment, not to enforce it."""
-    hits = []
-    if "MemoryError" in output or "Cannot allocate memory" in output or "std::bad_alloc" in output:
-        hits.append("memory_limit")
-    if "Resource temporarily unavailable" in output or "retry: fork" in output:
-        hits.append("nproc_limit")
-    if returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or "CPU time limit" in output:
-        hits.append("cpu_limit")
-    if (
-        returncode in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ)
-        or "File size limit" in output
-        or "File too large" in output
-    ):
-        hits.append("fsize_limit")
-    return hits
 
 
 class BwrapSandbox:
@@ -78,6 +74,13 @@ class BwrapSandbox:
         sandbox_uid: the unprivileged uid commands run as when the harness is root.
         python_prefix: a Python installation to expose read-only (default: the running interpreter's,
             so ``python3 -m pytest`` works inside); ``None`` exposes only ``/usr``.
+        cgroups: whole-sandbox memory/pids limits through cgroups: None = where available, True =
+            required (`SandboxError` if unavailable), False = per-process rlimits only.
+        workspace_tmpfs: the workspace (and ``/tmp``) on one host tmpfs of ``workspace_mb``: None = when
+            running as root, True = required, False = a plain directory checked after each command.
+
+    ``containment`` (after `start`) names what holds here: ``{"memory": "cgroup-v1" | "cgroup-v2" |
+    "rlimit-per-process", "workspace": "tmpfs" | "checked-after-each-command"}``.
     """
 
     type = "bwrap"
@@ -91,6 +94,8 @@ class BwrapSandbox:
         sandbox_uid: int = 65534,
         python_prefix: str | None = sys.base_prefix,
         bwrap: str = "bwrap",
+        cgroups: bool | None = None,
+        workspace_tmpfs: bool | None = None,
     ) -> None:
         self.limits = limits or SandboxLimits()
         self._given_workspace = Path(workspace) if workspace is not None else None
@@ -99,6 +104,10 @@ class BwrapSandbox:
         self.python_prefix = python_prefix
         self.bwrap = bwrap
         self._as_root = os.geteuid() == 0
+        self._want_cgroups, self._want_tmpfs = cgroups, workspace_tmpfs
+        self._cgroup_mode: str | None = None
+        self._tmpfs: bwrap_limits.TmpfsWorkspace | None = None
+        self.containment: dict[str, str] = {}
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -106,15 +115,44 @@ class BwrapSandbox:
             raise SandboxError("bubblewrap not found: apt-get install bubblewrap (or use type='docker')")
         if self.workspace is not None:
             return
-        if self._given_workspace is not None:
+        self._cgroup_mode = None if self._want_cgroups is False else bwrap_limits.cgroup_mode()
+        if self._want_cgroups and self._cgroup_mode is None:
+            raise SandboxError("cgroups=True but no writable memory+pids cgroup here (needs root)")
+        if self._want_tmpfs and not self._as_root:
+            raise SandboxError("workspace_tmpfs=True needs a root harness (it mounts a tmpfs)")
+        use_tmpfs = self._as_root if self._want_tmpfs is None else self._want_tmpfs
+        if use_tmpfs:
+            try:
+                self._tmpfs = bwrap_limits.TmpfsWorkspace(self.limits.workspace_mb, self.sandbox_uid)
+            except OSError as e:
+                raise SandboxError(str(e)) from e
+            self.workspace = self._tmpfs.workspace
+            if self._given_workspace is not None and self._given_workspace.is_dir():
+                bwrap_limits.copy_tree(self._given_workspace, self.workspace)
+                for dirpath, dirnames, filenames in os.walk(self.workspace):
+                    for name in dirnames + filenames:
+                        os.lchown(os.path.join(dirpath, name), self.sandbox_uid, self.sandbox_uid)
+        elif self._given_workspace is not None:
             self._given_workspace.mkdir(parents=True, exist_ok=True)
             self.workspace = self._given_workspace
         else:
             self.workspace = Path(tempfile.mkdtemp(prefix="cr-sandbox-"))
         self._chown(self.workspace)
+        self.containment = {
+            "memory": f"cgroup-{self._cgroup_mode}" if self._cgroup_mode else "rlimit-per-process",
+            "workspace": "tmpfs" if self._tmpfs else "checked-after-each-command",
+        }
 
     def stop(self) -> None:
-        if self.workspace is not None and self._given_workspace is None:
+        if self._tmpfs is not None:
+            try:
+                if self._given_workspace is not None and self.workspace is not None:
+                    self._given_workspace.mkdir(parents=True, exist_ok=True)
+                    bwrap_limits.copy_tree(self.workspace, self._given_workspace)
+            finally:
+                self._tmpfs.close()
+                self._tmpfs = None
+        elif self.workspace is not None and self._given_workspace is None:
             shutil.rmtree(self.workspace, ignore_errors=True)
         self.workspace = None
 
@@ -126,7 +164,7 @@ class BwrapSandbox:
         self.stop()
 
     # ----------------------------------------------------------------- command line
-    def command_argv(self, cmd: str) -> list[str]:
+    def command_argv(self, cmd: str, seccomp_fd: int | None = None) -> list[str]:
         """The exact argv that runs ``cmd`` (inspectable; tests and docs show it)."""
         assert self.workspace is not None, "call start() first"
         lim = self.limits
@@ -158,7 +196,11 @@ class BwrapSandbox:
             argv += ["--ro-bind", str(prefix), str(prefix)]
             path = f"{prefix}/bin:{path}"
         argv += ["--proc", "/proc", "--dev", "/dev"]
-        argv += ["--size", str(lim.workspace_mb * _MiB), "--perms", "1777", "--tmpfs", "/tmp"]
+        argv += ["--ro-bind", "/dev/null", "/proc/keys", "--ro-bind", "/dev/null", "/proc/key-users"]
+        if self._tmpfs is not None:
+            argv += ["--bind", str(self._tmpfs.tmp), "/tmp"]
+        else:
+            argv += ["--size", str(lim.workspace_mb * _MiB), "--perms", "1777", "--tmpfs", "/tmp"]
         argv += ["--bind", str(self.workspace), WORKDIR, "--chdir", WORKDIR]
         argv += ["--clearenv", "--setenv", "PATH", path, "--setenv", "HOME", WORKDIR]
         argv += ["--setenv", "LANG", "C.UTF-8", "--setenv", "TMPDIR", "/tmp"]
@@ -170,8 +212,10 @@ class BwrapSandbox:
             "--setenv",
             "PYTEST_DISABLE_PLUGIN_AUTOLOAD",
             "1",
-            "--",
         ]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
+        argv += ["--"]
         if self._as_root:
             uid = str(self.sandbox_uid)
             argv += ["/usr/bin/setpriv", "--reuid", uid, "--regid", uid, "--clear-groups"]
@@ -180,7 +224,8 @@ class BwrapSandbox:
             "/usr/bin/prlimit",
             f"--cpu={lim.cpu_s}:{lim.cpu_s + 1}",  # SIGXCPU at the soft limit, SIGKILL 1 s later
             f"--as={lim.memory_mb * _MiB}",
-            f"--nproc={lim.nproc}",
+            # With a pids cgroup the process cap is per sandbox; RLIMIT_NPROC would be per uid (shared).
+            *([] if self._cgroup_mode else [f"--nproc={lim.nproc}"]),
             f"--fsize={lim.fsize_mb * _MiB}",
             "--nofile=256",
             "--core=0",
@@ -201,33 +246,65 @@ class BwrapSandbox:
             raise SandboxError("sandbox not started: use `with make_sandbox(...) as sb:` or call start()")
         violations = check_command(cmd)
         t0 = time.monotonic()
-        # Output goes to a host file: the child's RLIMIT_FSIZE caps it, so a flood cannot fill our memory.
-        with tempfile.TemporaryFile() as out:
+        cgroup = None
+        if self._cgroup_mode:
             try:
-                proc = subprocess.Popen(
-                    self.command_argv(cmd),
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                cgroup = bwrap_limits.SandboxCgroup(
+                    self.limits.memory_mb, self.limits.nproc, self._cgroup_mode
                 )
             except OSError as e:
-                raise SandboxError(f"could not start bubblewrap: {e}") from e
-            timed_out = False
-            try:
-                returncode = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-                returncode = -1
-            out.seek(0)
-            raw = out.read(self.limits.output_bytes + 1)
+                raise SandboxError(f"could not create the sandbox cgroup: {e}") from e
+        prefix = bwrap_limits.launcher(cgroup.procs_files) if cgroup else []
+        seccomp_r, seccomp_w = os.pipe()  # bwrap reads the filter from this fd (224 bytes: fits the pipe)
+        os.write(seccomp_w, deny_filter())
+        os.close(seccomp_w)
+        # Output goes to a host file: the child's RLIMIT_FSIZE caps it, so a flood cannot fill our memory.
+        try:
+            with tempfile.TemporaryFile() as out:
+                try:
+                    proc = subprocess.Popen(
+                        prefix + self.command_argv(cmd, seccomp_fd=seccomp_r),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        pass_fds=(seccomp_r,),
+                    )
+                except OSError as e:
+                    raise SandboxError(f"could not start bubblewrap: {e}") from e
+                finally:
+                    os.close(seccomp_r)
+                timed_out = False
+                try:
+                    returncode = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _kill_group(proc)
+                    returncode = -1
+                out.seek(0)
+                raw = out.read(self.limits.output_bytes + 1)
+            fired = cgroup.fired() if cgroup else []
+        finally:
+            if cgroup:
+                cgroup.close()
         output = truncate_output(raw, self.limits.output_bytes)
-        if returncode == 1 and output.startswith("bwrap:"):
-            raise SandboxError(f"bubblewrap failed to set up the sandbox: {output.strip()}")
+        if (returncode == 1 and output.startswith("bwrap:")) or (
+            returncode == 125 and output.startswith("cr-cgroup:")
+        ):
+            raise SandboxError(f"bubblewrap failed to set up the sandbox: {output.strip() or returncode}")
         if timed_out:
             violations.append("timeout")
-        violations += _limit_violations(output, returncode)
+        violations += [
+            v for v in dict.fromkeys(limit_violations(output, returncode) + fired) if v not in violations
+        ]
+        if self._tmpfs is None and self.workspace is not None:
+            used = bwrap_limits.directory_bytes(self.workspace)
+            if used > self.limits.workspace_mb * _MiB:
+                violations.append("workspace_limit")
+                output += (
+                    f"\n[workspace holds {used // _MiB} MiB, over workspace_mb={self.limits.workspace_mb}]"
+                )
+                returncode = returncode or 1
         return ExecResult(output, returncode, timed_out, time.monotonic() - t0, violations)
 
     # ----------------------------------------------------------------- files

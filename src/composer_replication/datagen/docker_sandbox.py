@@ -3,9 +3,17 @@
 What is covered:
 - One long-lived container per sandbox (``docker run -d ... sleep infinity``), each command through
   ``docker exec``; the container has **no network** (``--network none``), a **read-only root**
-  (``--read-only``), a **tmpfs workspace** and ``/tmp`` (size-capped, ``noexec`` off so tests can run),
-  CPU / memory / swap / **pids** limits, a **non-root user** (``--user 65534:65534``), **all capabilities
-  dropped**, ``no-new-privileges``, and ulimits for file size and open files.
+  (``--read-only``), a **tmpfs workspace** and ``/tmp`` (``workspace_mb`` each, ``noexec`` off so tests
+  can run; tmpfs pages count against the container's memory), CPU / memory / swap / **pids** limits for
+  the container as a whole, a **non-root user** (``--user 65534:65534``), **all capabilities dropped**,
+  ``no-new-privileges``, ulimits for file size and open files, and the daemon's **default seccomp
+  profile** (which denies ``keyctl``/``add_key``/``request_key`` and namespace creation; `start` refuses
+  a daemon that reports no seccomp support). Docker masks ``/proc/keys`` and runs every container
+  with its own session keyring.
+- After every command, whatever it left running is killed (``kill -9 -1`` as the sandbox user; the
+  container's init survives), as in the bubblewrap backend; OOM kills and refused forks are read from
+  the container's cgroup on the host and reported as ``memory_limit`` / ``nproc_limit``.
+- The default image is built locally by `docker_image.ensure_image` (no registry).
 - Wall clock: each command runs under ``timeout --signal=KILL`` *inside* the container (the agent's
   timeout: ``timed_out=True``); if the docker CLI itself hangs past that plus a grace period, the
   harness raises `SandboxError` (an infra failure, never a reward of 0).
@@ -13,7 +21,8 @@ What is covered:
 - ``executable="podman"`` uses the same flags (podman accepts them).
 
 What is not covered:
-- Image pulls: the image must already be present (CI machines cannot pull; ``python:3.11-slim`` default).
+- Image pulls: the image must already be present (CI machines cannot pull; build the default with
+  ``python3 -m composer_replication.datagen.docker_image``).
 - Kernel isolation beyond namespaces and seccomp: use ``runtime="runsc"`` (gVisor) when installed.
 - Live tests need a daemon; on machines without one the tests check the exact argv only.
 """
@@ -21,18 +30,22 @@ What is not covered:
 from __future__ import annotations
 
 import functools
+import json
 import shlex
 import shutil
 import subprocess
 import time
 import uuid
 
+from composer_replication.datagen.bwrap_limits import process_cgroup_events
+from composer_replication.datagen.docker_image import SANDBOX_IMAGE
 from composer_replication.datagen.sandbox import (  # re-exported: the §16 module is the protocol's home
     ExecResult,
     Sandbox,
     SandboxError,
     SandboxLimits,
     check_command,
+    limit_violations,
     make_sandbox,
     safe_relpath,
     truncate_output,
@@ -45,10 +58,15 @@ __all__ = [
     "SandboxError",
     "SandboxLimits",
     "docker_available",
+    "image_present",
     "make_sandbox",
 ]
 
 WORKDIR = "/workspace"
+_KILL_REST = (
+    'keep=" 1 $1 $$ "; for p in /proc/[0-9]*; do p=${p#/proc/}; '
+    'case "$keep" in *" $p "*) ;; *) kill -9 "$p" 2>/dev/null;; esac; done; true'
+)
 _GRACE_S = 15.0  # extra seconds the docker CLI gets beyond the in-container timeout before it is "infra"
 
 
@@ -64,12 +82,43 @@ def docker_available(executable: str = "docker") -> bool:
     return r.returncode == 0
 
 
+_PRESENT: set[tuple[str, str]] = set()
+
+
+def image_present(image: str = SANDBOX_IMAGE, executable: str = "docker") -> bool:
+    """True when ``image`` is in the daemon's local store (remembered once seen)."""
+    if (executable, image) in _PRESENT:
+        return True
+    try:
+        r = subprocess.run([executable, "image", "inspect", image], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    if r.returncode == 0:
+        _PRESENT.add((executable, image))
+    return r.returncode == 0
+
+
+@functools.lru_cache(maxsize=4)
+def _daemon_has_seccomp(executable: str) -> bool:
+    r = subprocess.run(
+        [executable, "info", "--format", "{{json .SecurityOptions}}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    try:
+        return any("seccomp" in opt for opt in json.loads(r.stdout or "null") or [])
+    except ValueError:
+        return False
+
+
 class DockerSandbox:
     """A container with a tmpfs workspace (see module docstring).
 
     Args:
         limits: resource limits (``cpu_s`` becomes ``--cpus`` = 1 and an RLIMIT_CPU ulimit).
-        image: a locally present image with ``bash`` and ``timeout`` (coreutils).
+        image: a locally present image with ``bash`` and ``timeout`` (coreutils); default the one
+            `docker_image.ensure_image` builds from this host's Python.
         executable: ``"docker"`` or ``"podman"``.
         runtime: an OCI runtime such as ``"runsc"`` (gVisor), or None for the default.
         cpus: ``--cpus`` for the container.
@@ -82,7 +131,7 @@ class DockerSandbox:
         self,
         limits: SandboxLimits | None = None,
         *,
-        image: str = "python:3.11-slim",
+        image: str = SANDBOX_IMAGE,
         executable: str = "docker",
         runtime: str | None = None,
         cpus: float = 1.0,
@@ -96,6 +145,8 @@ class DockerSandbox:
         self.user = user
         self.name = f"cr-sandbox-{uuid.uuid4().hex[:12]}"
         self.container_id: str | None = None
+        self._init_pid: int | None = None
+        self._main_pid = "0"
 
     # ----------------------------------------------------------------- argv builders (pure)
     def run_argv(self) -> list[str]:
@@ -103,13 +154,14 @@ class DockerSandbox:
         lim = self.limits
         uid, _, gid = self.user.partition(":")
         mb = 1024 * 1024
-        argv = [self.executable, "run", "-d", "--rm", "--name", self.name]
+        # --init: a reaper as pid 1, so killed orphans do not pile up as zombies against --pids-limit.
+        argv = [self.executable, "run", "-d", "--rm", "--init", "--name", self.name]
         argv += ["--network", "none", "--read-only", "--user", self.user, "--workdir", WORKDIR]
         argv += [
             "--tmpfs",
             f"{WORKDIR}:rw,exec,size={lim.workspace_mb}m,uid={uid},gid={gid or uid},mode=0755",
         ]
-        argv += ["--tmpfs", "/tmp:rw,exec,size=64m,mode=1777"]
+        argv += ["--tmpfs", f"/tmp:rw,exec,size={lim.workspace_mb}m,mode=1777"]
         argv += [
             "--cpus",
             str(self.cpus),
@@ -120,7 +172,8 @@ class DockerSandbox:
         ]
         argv += ["--pids-limit", str(lim.nproc), "--cap-drop", "ALL", "--security-opt", "no-new-privileges"]
         argv += ["--ulimit", f"fsize={lim.fsize_mb * mb}:{lim.fsize_mb * mb}", "--ulimit", "nofile=256:256"]
-        argv += ["--ulimit", f"cpu={lim.cpu_s}:{lim.cpu_s}", "--ulimit", "core=0:0"]
+        # SIGXCPU at the soft limit (reported as cpu_limit), SIGKILL a second later
+        argv += ["--ulimit", f"cpu={lim.cpu_s}:{lim.cpu_s + 1}", "--ulimit", "core=0:0"]
         argv += ["--env", "HOME=" + WORKDIR, "--env", "PYTHONDONTWRITEBYTECODE=1"]
         argv += ["--env", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1"]
         if self.runtime:
@@ -145,10 +198,25 @@ class DockerSandbox:
             raise SandboxError(
                 f"{self.executable} daemon not reachable; use type='bwrap' where there is no daemon"
             )
+        if not _daemon_has_seccomp(self.executable):
+            raise SandboxError(
+                f"the {self.executable} daemon reports no seccomp support: sandboxed commands could reach "
+                "the kernel keyrings; use a daemon with seccomp, or type='bwrap'"
+            )
         r = subprocess.run(self.run_argv(), capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise SandboxError(f"{self.executable} run failed: {r.stderr.strip()}")
         self.container_id = r.stdout.strip()
+        pid = subprocess.run(
+            [self.executable, "inspect", "--format", "{{.State.Pid}}", self.container_id],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        self._init_pid = int(pid.stdout.strip()) if pid.stdout.strip().isdigit() else None
+        # The container's `sleep infinity` (the init's only child now) is spared by the per-command kill.
+        main = self._run([self.executable, "exec", self.container_id, "cat", "/proc/1/task/1/children"], 30)
+        self._main_pid = main.stdout.decode().split()[0] if main.stdout.split() else "0"
 
     def stop(self) -> None:
         if self.container_id is not None:
@@ -173,18 +241,32 @@ class DockerSandbox:
         except subprocess.TimeoutExpired as e:
             raise SandboxError(f"{self.executable} exec hung for {timeout + _GRACE_S:.0f} s") from e
 
+    def _events(self) -> dict[str, int]:
+        return process_cgroup_events(self._init_pid) if self._init_pid else {}
+
     def exec(self, cmd: str, timeout: float = 30.0) -> ExecResult:
         violations = check_command(cmd)
         t0 = time.monotonic()
+        before = self._events()
         r = self._run(self.exec_argv(cmd, timeout), timeout)
         # 137 = SIGKILL from `timeout --signal=KILL`; 125/126 from docker itself mean the exec never ran.
         if r.returncode in (125,) or b"No such container" in r.stderr:
             raise SandboxError(f"{self.executable} exec failed: {r.stderr.decode(errors='replace').strip()}")
         elapsed = time.monotonic() - t0
+        # Nothing a command started outlives it: kill all but the init, `sleep infinity` and this shell.
+        target = self.container_id or self.name
+        self._run([self.executable, "exec", target, "bash", "-c", _KILL_REST, "kill", self._main_pid], 30)
+        after = self._events()
         timed_out = r.returncode == 137 and elapsed >= timeout * 0.95
         if timed_out:
             violations.append("timeout")
         output = truncate_output(r.stdout + r.stderr, self.limits.output_bytes)
+        fired = limit_violations(output, r.returncode)
+        if after.get("oom_kill", 0) > before.get("oom_kill", 0):
+            fired.append("memory_limit")
+        if after.get("pids_max", 0) > before.get("pids_max", 0):
+            fired.append("nproc_limit")
+        violations += [v for v in dict.fromkeys(fired) if v not in violations]
         return ExecResult(output, -1 if timed_out else r.returncode, timed_out, elapsed, violations)
 
     def put(self, path: str, data: bytes | str) -> None:
@@ -198,7 +280,7 @@ class DockerSandbox:
     def get(self, path: str) -> bytes:
         rel = shlex.quote(safe_relpath(path))
         # realpath check inside the container: refuse symlinks that leave the workspace.
-        cmd = f'p=$(realpath -- {rel}) && case "$p" in {WORKDIR}/*) cat -- "$p";; *) exit 3;; esac'
+        cmd = f'p=$(realpath -m -- {rel}) && case "$p" in {WORKDIR}/*) cat -- "$p";; *) exit 3;; esac'
         r = self._run(self.exec_argv(cmd, 60), 60)
         if r.returncode == 3:
             raise PermissionError(f"sandbox path {path!r} resolves outside the workspace")

@@ -26,7 +26,7 @@ from typing import Any
 
 from composer_replication._io import JsonlAppender, read_jsonl
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
-from composer_replication.datagen.tasks import Task, bundled_tasks
+from composer_replication.datagen.tasks import Task, bundled_tasks, check_name, path_inside
 from composer_replication.datagen.tools import TOOL_SCHEMAS, format_tool_call, parse_tool_calls, run_tool
 from composer_replication.safety.kill_switch import EXIT_KILL_SWITCH, KillSwitch, KillSwitchTriggered
 
@@ -193,10 +193,10 @@ def run_rollout(
     stop: Callable[[], str | None] | None = None,
 ) -> RolloutResult:
     """One episode of ``task`` under ``policy``. Raises `KillSwitchTriggered` when ``stop``/``kill_switch`` fires."""
-    rollout_id = rollout_id or f"{task.name}-{uuid.uuid4().hex[:8]}"
+    rollout_id = check_name(rollout_id or f"{task.name}-{uuid.uuid4().hex[:8]}", "rollout id")
     stop = stop or kill_switch
     model = getattr(policy, "model_name", None) or getattr(policy, "model", "policy")
-    log = SessionLog(Path(log_dir) / f"{rollout_id}.jsonl") if log_dir is not None else None
+    log = SessionLog(path_inside(log_dir, rollout_id, ".jsonl")) if log_dir is not None else None
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": task.instruction},

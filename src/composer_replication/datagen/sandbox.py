@@ -1,22 +1,38 @@
 """The `Sandbox` protocol, the exec result record, the command policy, and the one dispatch on `type`.
 
 What is covered: a single interface that every backend (`bwrap_sandbox`, `docker_sandbox`) implements,
-so rollouts, rewards and data generation never know which isolation runs underneath; a small command
-policy that reports obvious escape attempts (``mount``, ``nsenter``, reads of ``/proc/1``, ...) as
-violations *in addition to* the isolation that actually stops them.
+so rollouts, rewards and data generation never know which isolation runs underneath; the command
+tripwire (`policy.check_command`, re-exported here) that reports obvious escape attempts (``mount``,
+``nsenter``, reads of ``/proc/1``, ...) as violations *in addition to* the isolation that stops them.
 
 What is not covered: the policy is a tripwire, not a boundary. A determined program can obfuscate a
-command; isolation comes from the backend (namespaces, read-only mounts, rlimits), never from the
-policy. See docs/sandbox.md for the threat model.
+command; isolation comes from the backend (namespaces, read-only mounts, cgroups, seccomp, rlimits),
+never from the policy. See docs/sandbox.md for the threat model.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
+import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from composer_replication.datagen.policy import check_command
+
+__all__ = [
+    "ExecResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "SandboxType",
+    "check_command",
+    "default_sandbox_type",
+    "limit_violations",
+    "make_sandbox",
+    "safe_relpath",
+    "truncate_output",
+]
 
 SandboxType = Literal["bwrap", "docker", "podman"]
 
@@ -53,12 +69,17 @@ class ExecResult:
 
 @dataclass
 class SandboxLimits:
-    """Resource limits applied to every command (per process unless stated).
+    """Resource limits of a sandbox.
 
-    ``cpu_s`` is CPU seconds (RLIMIT_CPU); ``memory_mb`` the address space (RLIMIT_AS for bwrap,
-    ``--memory`` for docker); ``nproc`` the process count (RLIMIT_NPROC for the sandbox uid / docker
-    ``--pids-limit``); ``fsize_mb`` the largest file a command may write; ``output_bytes`` how much
-    stdout+stderr is kept (the rest is cut, with a marker).
+    ``memory_mb`` (swap included) and ``nproc`` hold for **all of a command's processes together**: a
+    cgroup (bwrap as root with writable cgroups; docker ``--memory``/``--pids-limit`` for the whole
+    container); where no cgroup can be made, bwrap falls back to ``memory_mb`` of address space per
+    process and ``nproc`` processes per sandbox uid (`BwrapSandbox.containment` says which holds).
+    ``workspace_mb`` caps what the sandbox can write: bwrap as root puts the workspace and ``/tmp`` on one
+    tmpfs of that size; docker gives ``/workspace`` and ``/tmp`` a tmpfs each of that size (both counted
+    in the container's memory); bwrap without root checks the workspace after each command.
+    ``cpu_s`` is CPU seconds per process (RLIMIT_CPU); ``fsize_mb`` the largest file a command may write;
+    ``output_bytes`` how much stdout+stderr is kept (the rest is cut, with a marker).
     """
 
     cpu_s: int = 30
@@ -94,23 +115,24 @@ class Sandbox(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
-# Tripwires: commands that no coding task needs and that escape attempts use. Matching one is
-# *reported* (the command still runs, inside the isolation) so the kill switch sees attempts.
-_POLICY: list[tuple[str, re.Pattern[str]]] = [
-    ("namespace_escape", re.compile(r"\b(nsenter|unshare|chroot|pivot_root|setns)\b")),
-    ("mount", re.compile(r"(^|[\s;&|(])(u?mount)\s")),
-    ("privilege", re.compile(r"(^|[\s;&|(])(sudo|su|doas|setcap|capsh)\s")),
-    ("host_proc", re.compile(r"/proc/1/(root|environ|mem)|/proc/sys/kernel")),
-    ("docker_socket", re.compile(r"/var/run/docker\.sock|/run/containerd")),
-    ("secrets", re.compile(r"/etc/shadow|\.ssh/id_|\.aws/credentials|\.netrc")),
-    ("fork_bomb", re.compile(r":\(\)\s*\{\s*:\s*\|\s*:\s*&\s*\}\s*;\s*:")),
-    ("network", re.compile(r"\b(curl|wget|nc|ncat|socat|ssh|scp)\s")),
-]
-
-
-def check_command(cmd: str) -> list[str]:
-    """Names of the policy rules ``cmd`` trips (empty when none). Pure function; see module docstring."""
-    return [name for name, pat in _POLICY if pat.search(cmd)]
+def limit_violations(output: str, returncode: int) -> list[str]:
+    """Which resource limit visibly fired in a command's output/exit code: used to *report*, not enforce."""
+    hits = []
+    if "MemoryError" in output or "Cannot allocate memory" in output or "std::bad_alloc" in output:
+        hits.append("memory_limit")
+    if "Resource temporarily unavailable" in output or "retry: fork" in output:
+        hits.append("nproc_limit")
+    if returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or "CPU time limit" in output:
+        hits.append("cpu_limit")
+    if (
+        returncode in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ)
+        or "File size limit" in output
+        or "File too large" in output
+    ):
+        hits.append("fsize_limit")
+    if "No space left on device" in output:
+        hits.append("workspace_limit")
+    return hits
 
 
 def safe_relpath(path: str) -> str:
@@ -129,15 +151,17 @@ def truncate_output(data: bytes, limit: int) -> str:
 
 
 def default_sandbox_type() -> SandboxType:
-    """``docker`` when a daemon answers, else ``bwrap`` (the CI default: it needs no daemon)."""
-    from composer_replication.datagen.docker_sandbox import docker_available
+    """``docker`` when a daemon answers and the sandbox image is built, else ``bwrap`` (needs no daemon)."""
+    from composer_replication.datagen.docker_image import SANDBOX_IMAGE
+    from composer_replication.datagen.docker_sandbox import docker_available, image_present
 
-    if docker_available():
+    if docker_available() and image_present(SANDBOX_IMAGE):
         return "docker"
     if shutil.which("bwrap"):
         return "bwrap"
     raise SandboxError(
-        "no sandbox backend: install bubblewrap (apt-get install bubblewrap) or start a Docker daemon"
+        "no sandbox backend: install bubblewrap (apt-get install bubblewrap) or start a Docker daemon and "
+        "build the image (python3 -m composer_replication.datagen.docker_image)"
     )
 
 

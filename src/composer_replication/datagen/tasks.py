@@ -10,11 +10,22 @@ A task is a directory::
 `load_task` reads one, `load_tasks` a directory of them, `bundled_tasks` the small tasks shipped with the
 package (``off_by_one``, ``implement_function``, ``fix_import``). `Task.from_repo` snapshots a local
 repository's tracked files (``git ls-files``) so a real project can be a task.
+
+Nothing outside a task's root is ever read: files are opened component by component with
+``O_NOFOLLOW`` from the root's directory descriptor; a symlink (git-tracked ones included) is followed
+only when its target stays inside the root, and one that leaves it (``-> /etc/passwd``,
+``-> /proc/self/environ``) raises `TaskFileError` naming the file and its target, as do FIFOs, sockets
+and devices. Task names are checked by `check_name` (letters, digits, ``.``, ``_``, ``-``; no path
+separator, no ``..``) because they become file names of rollout outputs (`path_inside`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import re
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +34,34 @@ from typing import Any
 BUNDLED_DIR = Path(__file__).parent / "tasks"
 _REQUIRED = ("name", "instruction", "test_command")
 _MAX_FILE_BYTES = 1_000_000
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class TaskFileError(ValueError):
+    """A task file that cannot be read safely: a symlink leaving the task root, or not a regular file."""
+
+
+def check_name(name: object, what: str = "task name") -> str:
+    """Return ``name`` if it is safe as a single file-name component; raise ``ValueError`` otherwise.
+
+    Allowed: 1-128 letters, digits, ``.``, ``_``, ``-``, starting with a letter or digit, without ``..``.
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise ValueError(
+            f"{what} {name!r} is not allowed: use 1-128 letters, digits, '.', '_' or '-', starting with a "
+            "letter or digit (no '/', '\\' or '..')"
+        )
+    return name
+
+
+def path_inside(directory: str | Path, name: str, suffix: str = "") -> Path:
+    """``directory / (name + suffix)`` after `check_name`, verified to stay inside ``directory``."""
+    check_name(name)
+    directory = Path(directory)
+    target = directory / f"{name}{suffix}"
+    if target.parent != directory or os.path.realpath(target.parent) != os.path.realpath(directory):
+        raise ValueError(f"output path {target} is not directly inside {directory}")
+    return target
 
 
 @dataclass
@@ -36,6 +75,9 @@ class Task:
     solution: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 60.0
 
+    def __post_init__(self) -> None:
+        check_name(self.name)
+
     def to_row(self) -> dict[str, Any]:
         """A dataset row for TRL (``prompt`` conversational; ``task`` names the task for the env/reward)."""
         return {"prompt": [{"role": "user", "content": self.instruction}], "task": self.name}
@@ -44,40 +86,139 @@ class Task:
     def from_repo(
         cls, repo: str | Path, *, name: str, instruction: str, test_command: str, **kw: Any
     ) -> Task:
-        """Snapshot the tracked text files of a git repository into a task."""
+        """Snapshot the tracked text files of a git repository into a task.
+
+        Binary files, files over 1 MB and symlinks to directories inside the repository are left out; a
+        tracked symlink leaving the repository raises `TaskFileError`.
+        """
+        check_name(name)
         repo = Path(repo)
         listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, check=True)
         files = {}
-        for rel in filter(None, listed.stdout.decode().split("\0")):
-            p = repo / rel
-            if p.is_file() and p.stat().st_size <= _MAX_FILE_BYTES:
+        root_fd = os.open(repo, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for rel in filter(None, listed.stdout.decode().split("\0")):
+                data = _read_beneath(root_fd, repo, rel, limit=_MAX_FILE_BYTES)
+                if data is None:
+                    continue
                 try:
-                    files[rel] = p.read_text(encoding="utf-8")
+                    files[rel] = data.decode("utf-8")
                 except UnicodeDecodeError:
                     continue  # binary files are not part of a text snapshot
+        finally:
+            os.close(root_fd)
         return cls(name=name, instruction=instruction, test_command=test_command, files=files, **kw)
 
 
-def _read_tree(root: Path) -> dict[str, str]:
-    if not root.is_dir():
-        return {}
-    return {
-        p.relative_to(root).as_posix(): p.read_text(encoding="utf-8")
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
+def _open_beneath(root_fd: int, rel: str) -> int:
+    """Open ``rel`` under ``root_fd`` without following any symlink (``OSError`` ELOOP/ENOTDIR on one)."""
+    parts = rel.split("/")
+    fd = os.dup(root_fd)
+    try:
+        for part in parts[:-1]:
+            nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _read_beneath(root_fd: int, root: Path, rel: str, *, limit: int | None = None) -> bytes | None:
+    """The bytes of ``root/rel``, never reading outside ``root`` (see module docstring).
+
+    None for a symlink to a directory inside the root, or a file over ``limit`` bytes.
+    """
+    try:
+        fd = _open_beneath(root_fd, rel)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        real, root_real = os.path.realpath(root / rel), os.path.realpath(root)
+        if os.path.commonpath([real, root_real]) != root_real:
+            raise TaskFileError(
+                f"{root / rel}: a symlink to {real!r}, outside the task root {root_real}; tasks may only "
+                "link to files inside their own directory (replace the link with the file's content)"
+            ) from None
+        if os.path.isdir(real):
+            return None
+        try:
+            fd = _open_beneath(root_fd, os.path.relpath(real, root_real))
+        except OSError as e2:
+            raise TaskFileError(f"{root / rel}: could not be opened inside the task root ({e2})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise TaskFileError(f"{root / rel}: not a regular file (a FIFO, socket or device); remove it")
+        if limit is not None and st.st_size > limit:
+            return None
+        return f.read()
+
+
+def _read_tree(task_root: Path, sub: str) -> dict[str, str]:
+    """Every file under ``task_root/sub`` (keys relative to it), read by `_read_beneath`."""
+    root_fd = os.open(task_root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if not os.path.lexists(task_root / sub):
+            return {}
+        rels: list[str] = []
+        pending = [sub]
+        while pending:
+            rel_dir = pending.pop()
+            try:
+                dir_fd = _open_beneath(root_fd, rel_dir)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                real = os.path.realpath(task_root / rel_dir)
+                if os.path.commonpath([real, os.path.realpath(task_root)]) != os.path.realpath(task_root):
+                    raise TaskFileError(
+                        f"{task_root / rel_dir}: a symlink to {real!r}, outside the task root {task_root}"
+                    ) from None
+                raise TaskFileError(
+                    f"{task_root / rel_dir}: a symlinked directory; use a real directory in a task"
+                ) from None
+            with os.scandir(dir_fd) as it:
+                for entry in it:
+                    rel = f"{rel_dir}/{entry.name}"
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(rel)
+                    else:
+                        rels.append(rel)
+            os.close(dir_fd)
+        out = {}
+        for rel in sorted(rels):
+            data = _read_beneath(root_fd, task_root, rel)
+            if data is None:
+                raise TaskFileError(
+                    f"{task_root / rel}: a symlinked directory; use a real directory in a task"
+                )
+            try:
+                out[rel[len(sub) + 1 :]] = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{task_root / rel}: not UTF-8 text (task files are text)") from None
+        return out
+    finally:
+        os.close(root_fd)
 
 
 def load_task(path: str | Path) -> Task:
     """Load a task directory (see module docstring). Raises ``ValueError`` naming the file and field."""
     path = Path(path)
     meta_path = path / "task.json"
-    if not meta_path.is_file():
+    if not os.path.lexists(meta_path):
         raise FileNotFoundError(f"{meta_path}: no task.json (a task directory needs task.json and files/)")
+    root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+        raw = _read_beneath(root_fd, path, "task.json") or b""
+    finally:
+        os.close(root_fd)
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{meta_path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path}: must hold a JSON object with {list(_REQUIRED)}")
     missing = [k for k in _REQUIRED if not isinstance(meta.get(k), str) or not meta[k].strip()]
     if missing:
         raise ValueError(f"{meta_path}: missing or empty field(s) {missing}; each must be a non-empty string")
@@ -86,12 +227,16 @@ def load_task(path: str | Path) -> Task:
         raise ValueError(
             f"{meta_path}: unknown field(s) {sorted(unknown)}; allowed: {[*_REQUIRED, 'timeout_s']}"
         )
+    try:
+        check_name(meta["name"])
+    except ValueError as e:
+        raise ValueError(f"{meta_path}: field 'name': {e}") from None
     return Task(
         name=meta["name"],
         instruction=meta["instruction"],
         test_command=meta["test_command"],
-        files=_read_tree(path / "files"),
-        solution=_read_tree(path / "solution"),
+        files=_read_tree(path, "files"),
+        solution=_read_tree(path, "solution"),
         timeout_s=float(meta.get("timeout_s", 60.0)),
     )
 
@@ -99,7 +244,14 @@ def load_task(path: str | Path) -> Task:
 def load_tasks(root: str | Path) -> list[Task]:
     """Every task directory under ``root`` (sorted by name)."""
     root = Path(root)
-    tasks = [load_task(d) for d in sorted(root.iterdir()) if (d / "task.json").is_file()]
+    root_real = os.path.realpath(root)
+    tasks = []
+    for d in sorted(root.iterdir()):
+        if not os.path.lexists(d / "task.json"):
+            continue
+        if d.is_symlink() and os.path.commonpath([os.path.realpath(d), root_real]) != root_real:
+            raise TaskFileError(f"{d}: a symlink to {os.path.realpath(d)!r}, outside the tasks root {root}")
+        tasks.append(load_task(d))
     if not tasks:
         raise FileNotFoundError(f"{root}: no task directories (each needs a task.json)")
     return tasks

@@ -39,7 +39,9 @@ from composer_replication._io import JsonlAppender
 EXIT_KILL_SWITCH = 3
 
 # Resource limits that fired inside the sandbox: the isolation worked, the agent was merely wasteful.
-BENIGN_VIOLATIONS = frozenset({"timeout", "memory_limit", "cpu_limit", "nproc_limit", "fsize_limit"})
+BENIGN_VIOLATIONS = frozenset(
+    {"timeout", "memory_limit", "cpu_limit", "nproc_limit", "fsize_limit", "workspace_limit"}
+)
 
 
 class KillSwitchTriggered(RuntimeError):
