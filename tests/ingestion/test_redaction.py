@@ -215,8 +215,9 @@ def test_false_positive_rate_on_stdlib(limit: int | None) -> None:
         src = f.read_text(errors="replace")
         n_lines += src.count("\n")
         r.redact(src)
-    # Measured: 2 redactions in ~341k lines of the 3.11 stdlib (docs/ingestion.md); allow a little slack.
-    assert sum(r.counts.values()) <= max(2, n_lines // 50_000)
+    # Measured: 1 secret redaction in ~341k lines of the 3.11 stdlib (docs/ingestion.md); allow a little slack.
+    # The e-mail addresses there (authors, contacts: 170) are real addresses, redacted on purpose.
+    assert sum(n for kind, n in r.counts.items() if kind != "email") <= max(2, n_lines // 50_000)
 
 
 def test_redaction_is_idempotent_and_counts() -> None:

@@ -1,125 +1,205 @@
 """Secret redaction for ingested sessions: typed placeholders, counted per type.
 
-What is covered: provider API keys with a recognisable shape (OpenAI, Anthropic, OpenRouter, AWS access
-key ids, GCP API keys, GitHub, GitLab, Slack tokens and webhooks, Stripe, Hugging Face), AWS secret keys
-and GCP ``private_key_id`` values written next to their names, PEM private-key blocks (also inside JSON
-strings, e.g. GCP service-account files), JWTs, ``Bearer``/``Basic`` credentials, passwords inside URLs
-and connection strings, and ``.env``/YAML/JSON assignments to secret-looking names.
+What is covered (the shapes are in ``_redact_rules.py``, the list with examples in docs/ingestion.md):
+provider API keys with a recognisable shape (OpenAI, Anthropic, OpenRouter, AWS access key ids, GCP API
+keys, GitHub, GitLab, npm, Slack tokens and webhooks, Stripe, Hugging Face), AWS secret keys and GCP
+``private_key_id`` values written next to their names, PEM private-key blocks (also inside JSON strings,
+e.g. GCP service-account files), JWTs, ``Bearer``/``Basic`` credentials, passwords inside URLs and
+connection strings, values assigned to secret-looking names (``.env``, YAML, JSON, code, ``--password X``
+flags, ``getenv("NAME", "default")``), e-mail addresses, and these secrets
+- right after an escape (``key%3Dsk-ant-...``, ``\\nghp_...``),
+- base64-encoded (a Kubernetes secret, a Docker ``auth``, an encoded ``.env``), for the known prefixes,
+- split by a line continuation (a backslash-newline, also inside numbered ``Read`` output and ``+`` patch lines),
+- used as a JSON key (``redact_obj`` redacts keys as well as values).
 
 What is not covered: secrets without a recognisable shape or name (a bare 40-character random string, a
-password typed into free text), and secrets split across several strings. Redaction is pattern based,
-not proof: treat redacted data as sensitive-but-reviewed, not as public.
+password typed into free text), secrets split across several strings or string literals, other
+encodings (hex, rot13, gzip, URL-encoding inside the secret), e-mail addresses at uncommon generic
+top-level domains. Redaction is pattern based, not proof: treat redacted data as sensitive-but-reviewed,
+not as public.
 
 Every match becomes ``[REDACTED:<type>]``; placeholders never match again, so redaction is idempotent.
-Each pattern is guarded by a cheap substring test so that ordinary text costs a few ``in`` checks.
+Each rule runs only where one of its short anchors occurs (one pyahocorasick pass finds all of them), so
+ordinary text costs one scan and nothing else.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-# (type, anchors, regex matched AT an anchor, value group (0 = the whole match), needs a word boundary before).
-# A pattern runs only where one of its anchors occurs (found with ``str.find``, which is far faster than a
-# regex scan); its regex is then matched at the few positions where it can start, so a string without anchors costs a few
-# substring tests and nothing else. Anchors are short pieces of the match (at most 5 characters): CPython's
-# substring search is several times slower for longer needles.
-_PATTERNS: list[tuple[str, tuple[str, ...], str, int, bool]] = [
-    (
-        "private_key",
-        ("-----",),
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----(?:[\s\S]*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|[\s\S]*)",
-        0,
-        False,
-    ),
-    ("anthropic_key", ("sk-",), r"sk-ant-[a-z]{3,6}\d{2}-[A-Za-z0-9_\-]{20,}", 0, True),
-    ("openrouter_key", ("sk-",), r"sk-or-(?:v\d-)?[A-Za-z0-9]{32,}", 0, True),
-    (
-        "openai_key",
-        ("sk-",),
-        r"sk-(?:proj|svcacct|admin|None)-[A-Za-z0-9_\-]{20,}|sk-[A-Za-z0-9]{20,}T3BlbkFJ[A-Za-z0-9]{20,}"
-        r"|sk-(?=[A-Za-z0-9]*\d)(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{32,}\b",
-        0,
-        True,
-    ),
-    ("aws_access_key", ("AKIA", "ASIA", "ABIA", "ACCA"), r"(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b", 0, True),
-    (
-        "aws_secret_key",
-        ("aws", "AWS"),
-        r"(?i)aws[A-Za-z0-9_\-. ]{0,20}?secret[A-Za-z0-9_\-. ]{0,20}?[\"']?\s*[:=]\s*[\"']?"
-        r"([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])",
-        1,
-        False,
-    ),
-    ("gcp_private_key_id", ('"priv',), r"\"private_key_id\"\s*:\s*\"([a-f0-9]{40})\"", 1, False),
-    ("gcp_api_key", ("AIza",), r"AIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])", 0, True),
-    (
-        "github_token",
-        ("gh", "githu"),
-        r"gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}",
-        0,
-        True,
-    ),
-    ("gitlab_token", ("glpat", "gldt-", "glrt-"), r"(?:glpat|gldt|glrt)-[A-Za-z0-9_\-]{20,}", 0, True),
-    ("slack_webhook", ("hooks",), r"hooks\.slack\.com/(?:services|workflows)/[A-Za-z0-9_/\-]{20,}", 0, False),
-    ("slack_token", ("xox",), r"xox[abposre]-[A-Za-z0-9\-]{10,}", 0, True),
-    (
-        "stripe_key",
-        ("_live", "_test"),
-        r"(?:sk|rk|pk|whsec)_(?:live|test)_[A-Za-z0-9]{16,}",
-        0,
-        True,
-    ),
-    ("hf_token", ("hf_",), r"hf_[A-Za-z0-9]{30,}\b", 0, True),
-    ("jwt", ("eyJ",), r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", 0, True),
-    (
-        "bearer_token",
-        ("earer", "EARER", "asic "),
-        r"(?i)(?:bearer|basic)\s+([A-Za-z0-9\-._~+/]{16,}=*)",
-        1,
-        True,
-    ),
-    ("url_password", ("://",), r"://[^\s:/@'\"]*:(?!\[REDACTED)([^\s@/'\"]{3,})@", 1, False),
-    (
-        "env_secret",
-        # NAME=value / NAME: value / "name": "value" where NAME looks like a secret. The value must be quoted or
-        # contain a digit, which skips code such as ``password = get_password()``.
-        tuple(
-            v
-            for k in (
-                "secre",
-                "passw",
-                "pwd",
-                "token",
-                "api_k",
-                "apike",
-                "api-k",
-                "acces",
-                "priva",
-                "crede",
-                "auth_",
-            )
-            for v in (k, k.upper(), k.capitalize())
-        ),
-        r"(?i)(?:secret|passw(?:or)?d|pwd|token|api[_\-]?key|access[_\-]?key|private[_\-]?key|"
-        r"credentials?|auth[_\-]?key)(?:[_\-]?key)?s?[\"']?"
-        r"[ \t]*[:=][ \t]*(?:[\"'](?!\[REDACTED)([^\"'\s]{6,})[\"']|(?=[^\s\"'#,;(){}\[\]<>]*\d)([^\s\"'#,;(){}\[\]<>]{8,}))",
-        -1,
-        False,
-    ),
-]
+from composer_replication.ingestion._redact_rules import BASE64_PREFIXES, RULES, Find
+
+__all__ = ["SECRET_TYPES", "Redactor"]
 
 _PLACEHOLDER = "[REDACTED:{}]"
-# How far before its anchor a pattern's match may start (anchors inside the match, e.g. "_key" in "api_key").
-_BACK = {"stripe_key": 5, "bearer_token": 2}
-_BY_ANCHOR: dict[str, list[tuple[int, str, re.Pattern[str], int, bool, int]]] = {}
-for _prio, (_name, _anchors, _rx, _group, _wb) in enumerate(_PATTERNS):
+_BASE64 = "base64_secret"
+# A backslash-newline joins two lines (shell, Python, C). The next line may start with a ``Read`` line number
+# (``    12→`` or ``    12<TAB>`` as ``cat -n`` writes it) or a ``+`` (an added patch line) before the text.
+_LINE_PREFIX = re.compile("[ \\t]*\\d+(?:\u2192|\\t)|\\+")
+_CONTINUATION = re.compile("\\\\\\r?\\n(?:" + _LINE_PREFIX.pattern + ")?")
+_B64_RUN = re.compile(r"[A-Za-z0-9+/_\-]*")
+_B64_WINDOW = 8192  # characters decoded after an anchor: covers a 4096-bit RSA key in PEM form
+
+
+def _b64_anchors(first_chars: set[str]) -> dict[str, list[tuple[bytes, int, int]]]:
+    """Pieces of the base64 encodings of each prefix that do not depend on the surrounding bytes.
+
+    The prefix may start at any of the 3 byte offsets of a base64 group; for each offset, the characters
+    whose 6 bits all lie inside the prefix are fixed. From those, a piece of 4-8 characters is taken that
+    starts with a character some anchor already starts with where possible (``first_chars``): the
+    automaton's cost per scanned character grows with the number of distinct first characters, so each
+    new one is chosen to serve as many prefixes as it can. Value: ``(prefix, offset, index of the piece's
+    first character counted from the start of the prefix's first base64 group)``.
+    """
+    fixed: list[tuple[bytes, int, str, int]] = []
+    for prefix in BASE64_PREFIXES:
+        n = len(prefix)
+        for off in range(3):
+            enc = base64.b64encode(b"\0" * off + prefix).decode()
+            known = [i for i in range(len(enc)) if 6 * i >= 8 * off and 6 * i + 6 <= 8 * (off + n)]
+            if len(known) >= 4:
+                fixed.append((prefix, off, enc[known[0] : known[-1] + 1], known[0]))
+    starts = set(first_chars)
+    out: dict[str, list[tuple[bytes, int, int]]] = {}
+    pending = fixed
+    while pending:
+        left = []
+        for prefix, off, frag, first in pending:
+            i = next((i for i in range(len(frag) - 3) if frag[i] in starts), None)
+            if i is None:
+                left.append((prefix, off, frag, first))
+                continue
+            piece = frag[i : i + 8]
+            for p in {piece, piece.replace("+", "-").replace("/", "_")}:
+                out.setdefault(p, []).append((prefix, off, first + i))
+        pending = left
+        if left:  # admit the first character that serves the most remaining prefixes
+            votes = Counter(c for _, _, frag, _ in left for c in set(frag[: len(frag) - 3]))
+            starts.add(votes.most_common(1)[0][0])
+    return out
+
+
+_BY_ANCHOR: dict[str, list[tuple[int, str, Find]]] = {}
+for _prio, (_name, _anchors, _find) in enumerate(RULES):
     for _a in _anchors:
-        _BY_ANCHOR.setdefault(_a, []).append(
-            (_prio, _name, re.compile(_rx), _group, _wb, _BACK.get(_name, 0))
-        )
+        _BY_ANCHOR.setdefault(_a, []).append((_prio, _name, _find))
+_B64_BY_ANCHOR = _b64_anchors({a[0] for a in _BY_ANCHOR})
+
+
+def _build_automaton(words: list[str]) -> Any:
+    try:
+        import ahocorasick  # pyahocorasick: one C pass for all anchors instead of one str.find per anchor
+    except ImportError:
+        return None
+    automaton = ahocorasick.Automaton()
+    for w in words:
+        automaton.add_word(w, w)
+    automaton.make_automaton()
+    return automaton
+
+
+_ALL_ANCHORS = (*_BY_ANCHOR, *_B64_BY_ANCHOR)
+_AUTOMATON = _build_automaton(list(_ALL_ANCHORS))
+
+
+def _anchor_hits(text: str) -> Iterator[tuple[int, str]]:
+    """``(start, anchor)`` for every anchor occurrence (any order; overlaps are merged by the caller)."""
+    if _AUTOMATON is not None:
+        for end, anchor in _AUTOMATON.iter(text):
+            yield end - len(anchor) + 1, anchor
+        return
+    for anchor in _ALL_ANCHORS:
+        pos = text.find(anchor)
+        while pos != -1:
+            yield pos, anchor
+            pos = text.find(anchor, pos + 1)
+
+
+def _b64_lines(text: str, start: int, i: int) -> list[tuple[int, int]]:
+    """The pieces of the base64 run that starts at ``start`` (``i``: a position inside it), following
+    ``base64``'s 76- and PEM's 64-column line wrapping, also under ``Read`` line numbers or patch ``+``;
+    at most ``_B64_WINDOW`` characters past ``i`` (a secret is short; a long run is an image)."""
+    pieces = []
+    limit = i + _B64_WINDOW
+    while True:
+        i = _B64_RUN.match(text, i, max(i, limit)).end()  # type: ignore[union-attr]
+        if i - start in (64, 76) and i < limit and text.startswith("\n", i):
+            m = _LINE_PREFIX.match(text, i + 1)
+            nxt = m.end() if m else i + 1
+            if _B64_RUN.match(text, nxt, nxt + 1).end() > nxt:  # type: ignore[union-attr]
+                pieces.append((start, i))
+                start = i = nxt
+                continue
+        while text.startswith("=", i):
+            i += 1
+        pieces.append((start, i))
+        return pieces
+
+
+def _b64_find(text: str, pos: int, anchor: str) -> tuple[int, int] | None:
+    """The whole base64 run around ``pos`` if it decodes to text holding a secret, else ``None``."""
+    start, stop = pos, max(0, pos - 256)  # bytes before the prefix (``user:`` of ``user:token``), not far
+    while start > stop and (text[start - 1].isalnum() or text[start - 1] in "+/_-"):
+        start -= 1
+    if text.startswith("+", start) and (start == 0 or text[start - 1] == "\n"):
+        start += 1  # an added patch line
+    pieces = _b64_lines(text, start, pos)
+    for prefix, off, first in _B64_BY_ANCHOR[anchor]:
+        group = pos - first
+        if group < pieces[0][0]:
+            continue
+        chunk = text[group : pieces[0][1]] + "".join(text[a:b] for a, b in pieces[1:])
+        chunk = chunk[:_B64_WINDOW].rstrip("=")
+        chunk = chunk[: len(chunk) - 1] if len(chunk) % 4 == 1 else chunk + "=" * (-len(chunk) % 4)
+        altchars = b"-_" if ("-" in chunk or "_" in chunk) else None
+        try:
+            raw = base64.b64decode(chunk, altchars=altchars)
+        except (binascii.Error, ValueError):
+            continue
+        if raw[off : off + len(prefix)] == prefix and _spans(raw.decode("utf-8", "replace"), nested=True):
+            return start, pieces[-1][1]
+    return None
+
+
+def _spans(text: str, *, nested: bool = False) -> list[tuple[int, int, int, str]]:
+    """``(start, end, priority, type)`` of every secret in ``text`` (overlapping spans are merged later)."""
+    spans: list[tuple[int, int, int, str]] = []
+    for pos, anchor in _anchor_hits(text):
+        for prio, name, find in _BY_ANCHOR.get(anchor, ()):
+            span = find(text, pos)
+            if span is not None and span[1] > span[0]:
+                spans.append((span[0], span[1], prio, name))
+        if not nested and anchor in _B64_BY_ANCHOR:
+            span = _b64_find(text, pos, anchor)
+            if span is not None:
+                spans.append((span[0], span[1], len(RULES), _BASE64))
+    return spans
+
+
+def _joined(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """``text`` with line continuations removed, and ``(joined position, characters removed so far)`` per cut."""
+    parts, cuts, last, removed = [], [], 0, 0
+    for m in _CONTINUATION.finditer(text):
+        parts.append(text[last : m.start()])
+        removed += m.end() - m.start()
+        cuts.append((m.end() - removed, removed))
+        last = m.end()
+    parts.append(text[last:])
+    return "".join(parts), cuts
+
+
+def _to_original(j: int, cuts: list[tuple[int, int]]) -> int:
+    shift = 0
+    for at, removed in cuts:
+        if at > j:
+            break
+        shift = removed
+    return j + shift
 
 
 class Redactor:
@@ -137,26 +217,25 @@ class Redactor:
         self.counts: Counter[str] = Counter()
 
     def redact(self, text: str) -> str:
-        if not self.enabled or len(text) < 8:
+        if not self.enabled or len(text) < 6:
             return text
-        spans: list[tuple[int, int, int, str]] = []
-        for pos, anchor in _anchor_hits(text):
-            for prio, name, rx, group, wb, back in _BY_ANCHOR[anchor]:
-                # The match starts at most `back` characters before the anchor.
-                for st in range(max(0, pos - back), pos + 1):
-                    if wb and st and (text[st - 1].isalnum() or text[st - 1] == "_"):
-                        continue
-                    m = rx.match(text, st)
-                    if m is not None:
-                        g = group if group != -1 else (1 if m.group(1) is not None else 2)
-                        spans.append((m.start(g), m.end(g), prio, name))
-                        break
+        if "\\\n" in text or "\\\r\n" in text:
+            joined, cuts = _joined(text)
+            spans = [
+                (_to_original(s, cuts), _to_original(e - 1, cuts) + 1, p, n) for s, e, p, n in _spans(joined)
+            ]
+        else:
+            spans = _spans(text)
         if not spans:
             return text
-        spans.sort()
+        # Merge overlapping spans (one secret seen by two rules, a key inside a longer match); the type of
+        # the earliest-starting (then longest, then first-listed) span names the placeholder.
+        spans.sort(key=lambda s: (s[0], -s[1], s[2]))
         out, last = [], 0
         for s, e, _, name in spans:
-            if s < last:  # overlapping a span already replaced (the same secret seen by two patterns)
+            if s < last:
+                if e > last:
+                    last = e  # extends the span already replaced
                 continue
             out.append(text[last:s])
             out.append(_PLACEHOLDER.format(name))
@@ -166,47 +245,24 @@ class Redactor:
         return "".join(out)
 
     def redact_obj(self, obj: Any) -> Any:
-        """Redact every string inside a JSON-like value (dict keys are kept)."""
+        """Redact every string inside a JSON-like value, dict keys included."""
         if isinstance(obj, str):
             return self.redact(obj)
         if isinstance(obj, dict):
-            return {k: self.redact_obj(v) for k, v in obj.items()}
+            out: dict[Any, Any] = {}
+            for k, v in obj.items():
+                if isinstance(k, str):
+                    base = k2 = self.redact(k)
+                    n = 1
+                    while k2 != k and k2 in out:  # two keys that redact alike stay two keys
+                        n += 1
+                        k2 = f"{base}#{n}"
+                    k = k2
+                out[k] = self.redact_obj(v)
+            return out
         if isinstance(obj, list):
             return [self.redact_obj(v) for v in obj]
         return obj
 
 
-def _build_automaton() -> Any:
-    try:
-        import ahocorasick  # pyahocorasick: one C pass for all anchors instead of one str.find per anchor
-    except ImportError:
-        return None
-    automaton = ahocorasick.Automaton()
-    for anchor in _BY_ANCHOR:
-        automaton.add_word(anchor, anchor)
-    automaton.make_automaton()
-    return automaton
-
-
-_AUTOMATON = _build_automaton()
-
-
-def _anchor_hits(text: str) -> Iterator[tuple[int, str]]:
-    """``(start, anchor)`` for every anchor occurrence (any order; overlaps are merged by the caller)."""
-    if _AUTOMATON is not None:
-        for end, anchor in _AUTOMATON.iter(text):
-            yield end - len(anchor) + 1, anchor
-        return
-    for anchor in _BY_ANCHOR:
-        pos = text.find(anchor)
-        while pos != -1:
-            yield pos, anchor
-            pos = text.find(anchor, pos + 1)
-
-
-def redact_text(text: str) -> str:
-    """Redact one string with a throwaway :class:`Redactor` (convenience for callers outside ingestion)."""
-    return Redactor().redact(text)
-
-
-SECRET_TYPES: tuple[str, ...] = tuple(p[0] for p in _PATTERNS)
+SECRET_TYPES: tuple[str, ...] = (*dict.fromkeys(r[0] for r in RULES), _BASE64)
