@@ -176,6 +176,9 @@ def _shapes() -> list[Shape]:
         ("yaml_api_key", ("env_secret",), one("api_key: {v}", lambda g: g.r(24))),
         ("json_client_secret", ("env_secret",), one('{{"client_secret": "{v}"}}', lambda g: g.r(28))),
         ("cli_password_flag", ("env_secret",), one("mysql --password {v} -u root", lambda g: g.r(14))),
+        ("ini_password", ("env_secret",), one("[client]\npassword = {v}\nuser = root", lambda g: g.r(12))),
+        ("php_array", ("env_secret",), one("'db_password' => '{v}',", lambda g: g.r(12))),
+        ("go_assign", ("env_secret",), one('apiKey := "{v}"', lambda g: g.r(32))),
     ]  # fmt: skip
 
 

@@ -86,7 +86,7 @@ def _strip_code_tail(v: str) -> str:
     return v
 
 
-def _env_value_ok(kind: str, keyword: str, v: str, quoted: bool, glued: bool, name_quoted: bool) -> bool:
+def _env_value_ok(kind: str, keyword: str, v: str, quoted: bool, name_quoted: bool) -> bool:
     """Does ``v`` look like a secret value of a ``kind`` (``token``/``password``) name? (See docs/ingestion.md.)"""
     if len(v) < (6 if quoted and kind == "password" else 8) or _PLACEHOLDER_RX.match(v):
         return False
@@ -104,10 +104,9 @@ def _env_value_ok(kind: str, keyword: str, v: str, quoted: bool, glued: bool, na
     if quoted:
         return True
     m = _CODE_RX.match(v)
-    if m is not None:  # an expression, not a literal: name.attr, f(...), x[...], or a bare identifier in code
-        if m.group("tail") or "." in v or name_quoted or not glued or keyword in v.lower():
-            return False  # (``mask2_token=mask2_token``: a keyword argument passed on)
-    return True
+    # An expression, not a literal: ``name.attr``, ``f(...)``, ``x[...]``, a variable as a dict value, or a
+    # keyword argument passed on (``mask2_token=mask2_token``).
+    return m is None or not (m.group("tail") or "." in v or name_quoted or keyword in v.lower())
 
 
 def _call_arg(text: str, pos: int, quote: str) -> bool:
@@ -124,7 +123,7 @@ def _env_find(text: str, pos: int) -> tuple[int, int] | None:
     if m is None:
         return None
     name = m.group("name").lower()
-    kind = "password" if name[0] in "spc" and not name.startswith("private") else "token"
+    kind = "token" if name.startswith(("token", "api", "access", "private", "auth")) else "password"
     quoted = m.group("qv") is not None
     if m.group("comma") is not None and not (m.group("q") and quoted and _call_arg(text, pos, m.group("q"))):
         return None  # getenv("NAME", "default") form only
@@ -137,35 +136,21 @@ def _env_find(text: str, pos: int) -> tuple[int, int] | None:
         v, start = m.group("qv"), m.start("qv")
     else:
         v, start = _strip_code_tail(m.group("uv")), m.start("uv")
-    sep_start = m.start("sep") if m.group("sep") is not None else m.end("name")
-    glued = (
-        m.group("sep") is not None and text[sep_start - 1] not in " \t" and text[m.end("sep")] not in " \t"
-    )
-    if m.group("sep") == ":" or m.group("space") is not None:
-        glued = True  # YAML ``key: value`` and command-line flags are not code
-    if not _env_value_ok(kind, name, v, quoted, glued, bool(m.group("q"))):
+    if not _env_value_ok(kind, name, v, quoted, bool(m.group("q"))):
         return None
     return start, start + len(v)
 
 
-_ENV_ANCHORS = tuple(
-    v
-    for k in (
-        "secre",
-        "passw",
-        "passp",
-        "pwd",
-        "token",
-        "api_k",
-        "apike",
-        "api-k",
-        "acces",
-        "priva",
-        "crede",
-        "auth_",
-    )
-    for v in (k, k.upper(), k.capitalize())
-)
+# The keyword's first letters in lower, upper and capitalised case; camelCase names (``apiKey``, ``authKey``)
+# need their own anchors because the anchor crosses the case change.
+_ENV_ANCHORS = (
+    *(
+        v
+        for k in ("secre", "passw", "passp", "pwd", "token", "api_k", "apike", "api-k", "acces", "priva", "crede")
+        for v in (k, k.upper(), k.capitalize())
+    ),
+    *("apiKe", "ApiKe", "auth_", "AUTH_", "Auth_", "auth-", "authk", "authK", "AuthK", "AUTHK"),
+)  # fmt: skip
 
 # -- e-mail addresses -------------------------------------------------------------------------------------
 

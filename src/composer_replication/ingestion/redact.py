@@ -107,16 +107,12 @@ _ALL_ANCHORS = (*_BY_ANCHOR, *_B64_BY_ANCHOR)
 _AUTOMATON = _build_automaton(list(_ALL_ANCHORS))
 
 
-def _anchor_hits(text: str) -> Iterator[tuple[int, str]]:
-    """``(start, anchor)`` for every anchor occurrence (any order; overlaps are merged by the caller)."""
-    if _AUTOMATON is not None:
-        for end, anchor in _AUTOMATON.iter(text):
-            yield end - len(anchor) + 1, anchor
-        return
+def _find_hits(text: str) -> Iterator[tuple[int, str]]:
+    """``(end, anchor)`` for every anchor occurrence, as the automaton reports them (fallback scan)."""
     for anchor in _ALL_ANCHORS:
         pos = text.find(anchor)
         while pos != -1:
-            yield pos, anchor
+            yield pos + len(anchor) - 1, anchor
             pos = text.find(anchor, pos + 1)
 
 
@@ -169,7 +165,8 @@ def _b64_find(text: str, pos: int, anchor: str) -> tuple[int, int] | None:
 def _spans(text: str, *, nested: bool = False) -> list[tuple[int, int, int, str]]:
     """``(start, end, priority, type)`` of every secret in ``text`` (overlapping spans are merged later)."""
     spans: list[tuple[int, int, int, str]] = []
-    for pos, anchor in _anchor_hits(text):
+    for end, anchor in _AUTOMATON.iter(text) if _AUTOMATON is not None else _find_hits(text):
+        pos = end - len(anchor) + 1
         for prio, name, find in _BY_ANCHOR.get(anchor, ()):
             span = find(text, pos)
             if span is not None and span[1] > span[0]:
