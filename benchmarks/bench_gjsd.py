@@ -8,8 +8,8 @@ invocation, and reports forward and backward time and memory:
 - ``naive-linear``: the same reference loss, starting from the hidden states and the LM head
   (``F.linear`` to full student logits with gradient, teacher logits under no_grad, as an SDPO step
   computes them): the like-for-like baseline for ``fused``, which starts from the same inputs;
-- ``chunked``: `kernels.chunked.chunked_generalized_jsd_loss` on the same logits;
-- ``fused``: `kernels.fused_linear.fused_generalized_jsd_loss` on hidden states (B, T, H) and the
+- ``chunked``: `losses.gjsd.chunked_generalized_jsd_loss` on the same logits;
+- ``fused``: `losses.gjsd.fused_generalized_jsd_loss` on hidden states (B, T, H) and the
   (V, H) LM head, so no logits tensor ever exists;
 - ``trl``: TRL 1.16's ``trl.kernels.chunked_divergence.ChunkedDivergenceFunction`` on the same
   hidden states and head (pure-torch tiles on CPU).
@@ -83,11 +83,12 @@ def _variant_fn(v: str, beta: float, V: int, H: int):
 
         return naive_linear
     if v == "chunked":
-        from composer_replication.kernels.chunked import chunked_generalized_jsd_loss
+        from composer_replication.losses.gjsd import chunked_generalized_jsd_loss
 
         return lambda lab, s, t: chunked_generalized_jsd_loss(s, t, lab, beta=beta)
     if v == "fused":
-        from composer_replication.kernels.fused_linear import LMHead, fused_generalized_jsd_loss
+        from composer_replication.kernels.fused_linear import LMHead
+        from composer_replication.losses.gjsd import fused_generalized_jsd_loss
 
         return lambda lab, hs, ht, w: fused_generalized_jsd_loss(hs, ht, LMHead(w), lab, beta=beta)
     if v == "trl":

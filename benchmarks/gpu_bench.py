@@ -5,8 +5,8 @@ Variants (each in a fresh ``torch.cuda.reset_peak_memory_stats`` window, one pro
 - ``naive``: `opsd.generalized_jsd_loss` on (B, T, V) fp32 logits;
 - ``naive-linear``: the same reference loss from hidden states + LM head (``F.linear`` to full
   student logits, teacher logits under no_grad): the like-for-like baseline for the fused variants;
-- ``chunked``: `kernels.chunked.chunked_generalized_jsd_loss` on the same logits;
-- ``fused``: `kernels.fused_linear.fused_generalized_jsd_loss` on hidden states + LM head;
+- ``chunked``: `losses.gjsd.chunked_generalized_jsd_loss` on the same logits;
+- ``fused``: `losses.gjsd.fused_generalized_jsd_loss` on hidden states + LM head;
 - ``trl``: TRL 1.16 ``ChunkedDivergenceFunction`` (Triton on CUDA), via `kernels.triton_liger`;
 - ``liger``: Liger-Kernel ``LigerFusedLinearJSDLoss`` (skipped when not installed).
 
@@ -68,9 +68,9 @@ def copy_bandwidth_gbs(torch, nbytes: int = 2 * 2**30) -> float:
 
 
 def _loss_fn(variant: str, beta: float):
-    from composer_replication.kernels.chunked import chunked_generalized_jsd_loss
-    from composer_replication.kernels.fused_linear import LMHead, fused_generalized_jsd_loss
+    from composer_replication.kernels.fused_linear import LMHead
     from composer_replication.kernels.triton_liger import gpu_fused_gjsd
+    from composer_replication.losses.gjsd import chunked_generalized_jsd_loss, fused_generalized_jsd_loss
     from composer_replication.opsd import generalized_jsd_loss
 
     def naive_linear(lab, hs, ht, w):

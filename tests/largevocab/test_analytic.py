@@ -9,9 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from composer_replication.kernels.analytic import ce_value_grad, gjsd_value_grad, logprob_value_grad
-from composer_replication.kernels.fused_linear import LMHead, fused_cross_entropy, fused_generalized_jsd_loss
-from composer_replication.kernels.rows import ce_rows, gjsd_rows, logprob_rows
+from composer_replication.kernels.fused_linear import LMHead
+from composer_replication.losses.ce import (
+    ce_rows,
+    ce_value_grad,
+    fused_cross_entropy,
+    logprob_rows,
+    logprob_value_grad,
+)
+from composer_replication.losses.gjsd import fused_generalized_jsd_loss, gjsd_rows, gjsd_value_grad
 from composer_replication.opsd import generalized_jsd_loss
 
 N, V = 9, 41
@@ -104,7 +110,7 @@ def test_non_finite_logits_decline_and_the_fused_engine_falls_back():
 @pytest.mark.parametrize("reduction", ["batchmean", "none"])
 def test_chunked_engine_closed_form_path_matches_reference(dtype, beta, reduction):
     """Teacher without gradient: the chunked engine takes the closed form (scalar) or recomputes (none)."""
-    from composer_replication.kernels.chunked import chunked_generalized_jsd_loss
+    from composer_replication.losses.gjsd import chunked_generalized_jsd_loss
 
     tol = 1e-10 if dtype == torch.float64 else 1e-5
     s = _z(4).reshape(3, 3, V).to(dtype).requires_grad_()

@@ -13,21 +13,16 @@ import torch
 import torch.nn.functional as F
 
 from composer_replication.distillation import entropy_aware_opd_loss, taid_loss
-from composer_replication.kernels.chunked import (
+from composer_replication.kernels.fused_linear import LMHead
+from composer_replication.losses.ce import (
     chunked_cross_entropy,
-    chunked_entropy_aware_opd_loss,
-    chunked_generalized_jsd_loss,
-    chunked_taid_loss,
     chunked_token_logprobs,
-)
-from composer_replication.kernels.fused_linear import (
-    LMHead,
     fused_cross_entropy,
-    fused_entropy_aware_opd_loss,
-    fused_generalized_jsd_loss,
-    fused_taid_loss,
     fused_token_logprobs,
 )
+from composer_replication.losses.eopd import chunked_entropy_aware_opd_loss, fused_entropy_aware_opd_loss
+from composer_replication.losses.gjsd import chunked_generalized_jsd_loss, fused_generalized_jsd_loss
+from composer_replication.losses.taid import chunked_taid_loss, fused_taid_loss
 from composer_replication.opsd import generalized_jsd_loss
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}

@@ -54,7 +54,7 @@ def test_auto_mode_uses_fused_from_the_threshold(tiny_model, tiny_tokenizer, mon
     calls = []
     real = hf.hidden_states
     monkeypatch.setattr(
-        "composer_replication.loss.hidden_states", lambda *a, **k: calls.append(1) or real(*a, **k)
+        "composer_replication.channels.hidden_states", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
     batch = build_batch(tiny_tokenizer, ref_model=tiny_model)
     compose_loss(tiny_model, batch)  # V = 2048 < 32768: full logits

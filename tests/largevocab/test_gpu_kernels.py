@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from composer_replication.kernels.fused_linear import LMHead, fused_generalized_jsd_loss
+from composer_replication.kernels.fused_linear import LMHead
 from composer_replication.kernels.triton_liger import available_backends, gpu_fused_gjsd
+from composer_replication.losses.gjsd import fused_generalized_jsd_loss
 
 pytestmark = pytest.mark.gpu
 

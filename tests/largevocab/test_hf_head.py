@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from composer_replication.kernels import hf
-from composer_replication.kernels.fused_linear import fused_token_logprobs
+from composer_replication.losses.ce import fused_token_logprobs
 
 ROOT = Path(__file__).resolve().parents[2]
 

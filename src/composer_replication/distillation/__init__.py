@@ -1,11 +1,13 @@
-"""Pluggable distillation and preference losses: pure tensor functions, one family a file.
+"""Pluggable distillation and preference losses (spec §5): the public import paths.
 
 - :mod:`.taid` — TAID interpolated distillation and its adaptive ``t`` schedule (arXiv 2501.16937)
 - :mod:`.entropy_aware_opd` — entropy-gated forward/reverse KL (arXiv 2603.07079)
 - :mod:`.simpo` — SimPO, reference-free preference loss (arXiv 2405.14734)
 - :mod:`.dpo` — sigmoid DPO over summed log-ratios (arXiv 2305.18290)
 
-The generalized JSD itself lives in :mod:`composer_replication.opsd`.
+Each family lives in one file of :mod:`composer_replication.losses` (``taid``, ``eopd``,
+``preference``) with its chunked and fused-linear engines; the generalized JSD is
+:mod:`composer_replication.opsd` (:mod:`composer_replication.losses.gjsd`).
 """
 
 from composer_replication.distillation.dpo import dpo_loss

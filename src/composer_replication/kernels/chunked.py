@@ -1,55 +1,33 @@
-"""Token-chunked loss engine: large-vocabulary losses without (B, T, V) intermediates.
+"""Token-chunked loss engine: row-local losses over (N, V) logits without (N, V) temporaries.
 
-The reference losses (`opsd.generalized_jsd_loss`, `distillation.taid_loss`, ...) build a dozen
-(B, T, V) fp32 temporaries: at the Qwen vocabulary (V = 151936), B = 2, T = 1024 that is ~18.5 GB.
+The reference distillation losses (`composer_replication.losses`) build a dozen (B, T, V) fp32
+temporaries: at the Qwen vocabulary (V = 151936), B = 2, T = 1024 that is ~18.5 GB.
 Every one of these losses is a *row-local* function of the logits (token n's loss depends on row n
-only) followed by a linear reduction. This module exploits that:
+only) followed by a linear reduction. This engine exploits that, for any such loss:
 
-* a row function ``row_fn(*row_chunks) -> (n,)`` computes the per-token loss of a chunk of
-  rows (the same formula as the reference, term for term, so values agree to rounding);
+* a row function ``row_fn(*row_chunks) -> (n,)`` (supplied by the loss family, see
+  `composer_replication.losses`) computes the per-token loss of a chunk of rows;
 * `chunked_rows` runs it over chunks of the *valid* rows only (masked rows are never touched) and
   never holds more than one chunk's (chunk, V) temporaries;
 * for a reduced (scalar) loss the gradient is computed inside the forward pass, chunk by chunk
   (as Liger's fused kernels do), so there is a single pass and backward only scales the stored
-  gradient by the incoming scalar; for per-token outputs (``reduction="none"``) backward recomputes
-  each chunk instead.
+  gradient by the incoming scalar; for per-token outputs backward recomputes each chunk instead;
+* a row function may carry a closed form ``row_fn.analytic(*row_chunks, w) -> (per_row, grad)``
+  (see `kernels.analytic`), used instead of autograd when only the first rows need a gradient.
 
-The logits-in functions here keep the reference signatures; `kernels.fused_linear` reuses the same
-engine with hidden states + LM-head weight so the logits never exist at all.
+`kernels.fused_linear` runs the same row functions from hidden states + LM-head weight. Nothing here
+knows which loss it computes.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
 
 from composer_replication.kernels.allocator import pin_mmap_threshold
-from composer_replication.kernels.plans import (  # noqa: F401 - re-exported for older imports
-    REDUCTIONS,
-    eopd_plan,
-    gjsd_plan,
-    gjsd_row_fn,
-    reduction_denominator,
-    taid_plan,
-)
-from composer_replication.kernels.rows import ce_rows, eopd_rows, gjsd_rows, logprob_rows, taid_rows
 
-__all__ = [
-    "chunked_rows",
-    "default_chunk_rows",
-    "gjsd_rows",
-    "taid_rows",
-    "eopd_rows",
-    "logprob_rows",
-    "ce_rows",
-    "chunked_generalized_jsd_loss",
-    "chunked_taid_loss",
-    "chunked_entropy_aware_opd_loss",
-    "chunked_token_logprobs",
-    "chunked_cross_entropy",
-]
+__all__ = ["as_rows", "chunked_rows", "default_chunk_rows", "masked_reduce", "reduce_pair", "reduce_rows"]
 
 # Target bytes of one (chunk, V) fp32 temporary; a chunk needs ~10 of them (values + autograd).
 _CHUNK_BYTES = 16 * 2**20
@@ -60,17 +38,12 @@ def default_chunk_rows(vocab_size: int) -> int:
     return max(8, _CHUNK_BYTES // (4 * max(int(vocab_size), 1)))
 
 
-# ----------------------------------------------------------------------------------------------
-# The engine.
-# ----------------------------------------------------------------------------------------------
-
-
 def _grad_buffer(x: torch.Tensor) -> torch.Tensor:
     dtype = torch.promote_types(x.dtype, torch.float32)
     return torch.zeros(x.shape, dtype=dtype, device=x.device)
 
 
-def _as_rows(x: torch.Tensor) -> torch.Tensor:
+def as_rows(x: torch.Tensor) -> torch.Tensor:
     """(N, V) view of (..., V) logits, or the 3-D tensor itself when a view is impossible.
 
     ``logits[:, :-1]`` is not viewable as (N, V); reshaping would copy all the logits, so the
@@ -236,9 +209,26 @@ def chunked_rows(
     return _ChunkedRows.apply(row_fn, valid_idx, weights, int(chunk_rows), len(row_tensors), *row_tensors)
 
 
-# ----------------------------------------------------------------------------------------------
-# Reductions and the public logits-in functions (same signatures as the reference path).
-# ----------------------------------------------------------------------------------------------
+def masked_reduce(
+    run: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+    mask_N: torch.Tensor,
+    denom: torch.Tensor | float | None,
+    out_shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Turn a plan (``mask_N``, ``denom``) into an engine call ``run(valid_idx, weights)``.
+
+    Returns ``Σ_n mask_n·ℓ_n / denom`` (``run`` gets one weight per valid row); with ``denom=None`` the
+    per-token ``mask·ℓ`` in ``out_shape`` (``run`` gets ``weights=None`` and returns per-row losses).
+    Rows with ``mask_N == 0`` are never computed; ``mask_N`` may hold float weights.
+    """
+    valid_idx = mask_N.nonzero().squeeze(-1)
+    mvals = mask_N.index_select(0, valid_idx).to(dtype)
+    if denom is None:
+        per = run(valid_idx, None)
+        out = torch.zeros(mask_N.shape[0], dtype=per.dtype, device=per.device)
+        return out.index_put((valid_idx,), per * mvals).view(out_shape)
+    return run(valid_idx, mvals / denom)
 
 
 def reduce_rows(
@@ -250,160 +240,32 @@ def reduce_rows(
     out_shape: tuple[int, ...],
     chunk_rows: int,
 ) -> torch.Tensor:
-    """``Σ_n mask_n·ℓ_n / denom``; with ``denom=None`` the per-token ``mask·ℓ`` in ``out_shape``.
-
-    Rows with ``mask_N == 0`` are never computed; ``mask_N`` may hold float weights.
-    """
+    """`masked_reduce` on the chunked engine: ``Σ_n mask_n·ℓ_n / denom`` or per-token values."""
     ref = next(x for x in row_tensors if x is not None)
     dtype = torch.promote_types(ref.dtype, torch.float32)
-    valid_idx = mask_N.nonzero().squeeze(-1)
-    mvals = mask_N.index_select(0, valid_idx).to(dtype)
-    if denom is None:
-        per = chunked_rows(row_fn, row_tensors, valid_idx=valid_idx, chunk_rows=chunk_rows)
-        out = torch.zeros(mask_N.shape[0], dtype=per.dtype, device=per.device)
-        return out.index_put((valid_idx,), per * mvals).view(out_shape)
-    return chunked_rows(
-        row_fn, row_tensors, valid_idx=valid_idx, weights=mvals / denom, chunk_rows=chunk_rows
-    )
+
+    def run(valid_idx: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+        return chunked_rows(row_fn, row_tensors, valid_idx=valid_idx, weights=weights, chunk_rows=chunk_rows)
+
+    return masked_reduce(run, mask_N, denom, out_shape, dtype)
 
 
-def chunked_generalized_jsd_loss(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    labels: torch.Tensor | None = None,
-    beta: float = 0.5,
-    temperature: float = 1.0,
-    reduction: str = "batchmean",
-    logits_are_probs: bool = False,
-    top_k: int | None = None,
-    token_clip: float | None = None,
-    *,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    chunk_rows: int | None = None,
-) -> torch.Tensor:
-    """`opsd.generalized_jsd_loss` computed over token chunks (same values and gradients).
-
-    Peak extra memory is one chunk's temporaries plus the (B, T, V) gradient of the inputs that
-    require grad, instead of ~16 (B, T, V) temporaries.
-    """
-    from composer_replication.opsd import _check
-
-    _check(student_logits, teacher_logits, labels, beta, temperature, reduction, top_k, token_clip)
-    *lead, V = student_logits.shape
-    keep, denom = gjsd_plan(lead, V, labels, reduction, top_k, num_items_in_batch, student_logits.device)
-    return reduce_rows(
-        gjsd_row_fn(beta, temperature, logits_are_probs, top_k, token_clip),
-        [_as_rows(student_logits), _as_rows(teacher_logits)],
-        mask_N=keep,
-        denom=denom,
-        out_shape=tuple(lead),
-        chunk_rows=chunk_rows or default_chunk_rows(V),
-    )
-
-
-def check_pair(student: torch.Tensor, teacher: torch.Tensor) -> None:
-    """The reference losses' input checks (floating point, equal shapes)."""
-    for name, x in (("student", student), ("teacher", teacher)):
-        if not torch.is_floating_point(x):
-            raise ValueError(f"{name} input has dtype {x.dtype}; pass floating-point tensors")
-    if student.shape[:-1] != teacher.shape[:-1]:
-        raise ValueError(
-            f"student {tuple(student.shape)} and teacher {tuple(teacher.shape)} must share the (B, T) shape"
-        )
-
-
-def chunked_taid_loss(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    *,
-    t: float | torch.Tensor,
-    chunk_rows: int | None = None,
-) -> torch.Tensor:
-    """`distillation.taid_loss` over token chunks."""
-    from composer_replication.distillation.taid import _check_t
-
-    check_pair(student_logits, teacher_logits)
-    if student_logits.shape != teacher_logits.shape:
-        raise ValueError("student_logits and teacher_logits must have the same (B, T, V) shape")
-    _check_t(t)
-    *lead, V = student_logits.shape
-    tv = float(t)
-    dtype = torch.promote_types(student_logits.dtype, torch.float32)
-    w, denom = taid_plan(mask, tuple(lead), dtype, student_logits.device)
-    return reduce_rows(
-        lambda s, te: taid_rows(s, te, t=tv),
-        [_as_rows(student_logits), _as_rows(teacher_logits)],
-        mask_N=w,
-        denom=denom,
-        out_shape=tuple(lead),
-        chunk_rows=chunk_rows or default_chunk_rows(V),
-    )
-
-
-def chunked_entropy_aware_opd_loss(
+def reduce_pair(
+    row_fn: Callable[..., torch.Tensor],
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
     *,
-    labels: torch.Tensor | None = None,
-    h_max: float | None = None,
-    temperature: float = 1.0,
-    reduction: str = "batchmean",
+    mask_N: torch.Tensor,
+    denom: torch.Tensor | float | None,
     chunk_rows: int | None = None,
 ) -> torch.Tensor:
-    """`distillation.entropy_aware_opd_loss` over token chunks."""
-    check_pair(student_logits, teacher_logits)
-    if student_logits.shape != teacher_logits.shape:
-        raise ValueError("student_logits and teacher_logits must have the same (B, T, V) shape")
+    """`reduce_rows` of ``row_fn(student_rows, teacher_rows)`` over two ``(..., V)`` logits tensors."""
     *lead, V = student_logits.shape
-    keep, denom, hm = eopd_plan(labels, tuple(lead), V, reduction, h_max, temperature, student_logits.device)
     return reduce_rows(
-        lambda s, te: eopd_rows(s, te, h_max=hm, temperature=temperature),
-        [_as_rows(student_logits), _as_rows(teacher_logits)],
-        mask_N=keep,
+        row_fn,
+        [as_rows(student_logits), as_rows(teacher_logits)],
+        mask_N=mask_N,
         denom=denom,
         out_shape=tuple(lead),
-        chunk_rows=chunk_rows or default_chunk_rows(V),
-    )
-
-
-def chunked_token_logprobs(
-    logits_BTV: torch.Tensor, labels_BT: torch.Tensor, *, chunk_rows: int | None = None
-) -> torch.Tensor:
-    """(B, T) log-probabilities of ``labels_BT`` under ``logits_BTV``; ``-100`` labels give 0."""
-    *lead, V = logits_BTV.shape
-    N = math.prod(lead)
-    lab = labels_BT.reshape(N)
-    valid = lab != -100
-    safe = torch.where(valid, lab, torch.zeros_like(lab))
-    return reduce_rows(
-        logprob_rows,
-        [_as_rows(logits_BTV), safe],
-        mask_N=valid,
-        denom=None,
-        out_shape=tuple(lead),
-        chunk_rows=chunk_rows or default_chunk_rows(V),
-    )
-
-
-def chunked_cross_entropy(
-    logits_NV: torch.Tensor,
-    labels_N: torch.Tensor,
-    *,
-    ignore_index: int = -100,
-    label_smoothing: float = 0.0,
-    chunk_rows: int | None = None,
-) -> torch.Tensor:
-    """``F.cross_entropy(logits, labels, ignore_index=, label_smoothing=)`` (mean) over chunks."""
-    V = logits_NV.shape[-1]
-    lab = labels_N.reshape(-1)
-    valid = lab != ignore_index
-    safe = torch.where(valid, lab, torch.zeros_like(lab))
-    return reduce_rows(
-        lambda z, y: ce_rows(z, y, label_smoothing=label_smoothing),
-        [_as_rows(logits_NV), safe],
-        mask_N=valid,
-        denom=valid.sum(),
-        out_shape=(),
         chunk_rows=chunk_rows or default_chunk_rows(V),
     )

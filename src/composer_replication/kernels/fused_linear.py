@@ -1,15 +1,18 @@
-"""Fused LM-head + loss: large-vocabulary losses from hidden states, never building (B, T, V) logits.
+"""Fused LM-head + loss engine: row-local losses from hidden states, never building (N, V) logits.
 
-Input is the final hidden states (B, T, H) and the LM-head weight (V, H) (+ optional bias, optional
-final-logit soft-capping). Tokens are processed in chunks: project one chunk to (chunk, V) logits,
-compute the per-token loss with the same row functions as the reference path
-(`kernels.chunked`), and, in the same pass, the gradient with respect to the chunk's logits, which is
-immediately folded into ``grad_hidden`` (a (chunk, H) matmul) and accumulated **in place** into
-``grad_weight`` (``addmm_``), so no (V, H) temporary is created per chunk. Only one chunk of logits
-ever exists (Liger-Kernel's fused-linear scheme, in plain PyTorch; see docs/large_vocab.md).
+Input is the final hidden states (N, H) of one or more streams (student, teacher) and each stream's
+LM head (V, H) (+ optional bias, optional final-logit soft-capping). Tokens are processed in chunks:
+project one chunk to (chunk, V) logits, compute the per-token loss with the family's row function
+(the same one the chunked engine runs, see `composer_replication.losses`), and, in the same pass, the
+gradient with respect to the chunk's logits, which is immediately folded into ``grad_hidden`` (a
+(chunk, H) matmul) and accumulated **in place** into ``grad_weight`` (``addmm_``), so no (V, H)
+temporary is created per chunk. Only one chunk of logits ever exists (Liger-Kernel's fused-linear
+scheme, in plain PyTorch; see docs/large_vocab.md).
 
-For a reduced (scalar) loss backward only scales the stored gradients; for per-token outputs
-(``reduction="none"``, token log-probs) backward recomputes each chunk.
+For a reduced (scalar) loss backward only scales the stored gradients; for per-token outputs backward
+recomputes each chunk. A row function's closed form (``row_fn.analytic``, `kernels.analytic`) replaces
+autograd when only the student stream needs a gradient and there is no soft-cap. Nothing here knows
+which loss it computes.
 """
 
 from __future__ import annotations
@@ -21,19 +24,15 @@ from dataclasses import dataclass
 import torch
 
 from composer_replication.kernels.allocator import pin_mmap_threshold
-from composer_replication.kernels.analytic import ce_value_grad, logprob_value_grad
-from composer_replication.kernels.plans import eopd_plan, gjsd_plan, gjsd_row_fn, taid_plan
-from composer_replication.kernels.rows import ce_rows, eopd_rows, logprob_rows, taid_rows
+from composer_replication.kernels.chunked import masked_reduce
 
 __all__ = [
     "LMHead",
     "default_fused_chunk_rows",
     "fused_rows",
-    "fused_generalized_jsd_loss",
-    "fused_taid_loss",
-    "fused_entropy_aware_opd_loss",
-    "fused_token_logprobs",
-    "fused_cross_entropy",
+    "hidden_pair",
+    "reduce_fused",
+    "reduce_hidden_pair",
 ]
 
 _CHUNK_BYTES = 40 * 2**20
@@ -249,19 +248,29 @@ def fused_rows(
     )
 
 
-def _reduce(row_fn, pairs, extras, mask_N, denom, out_shape, chunk_rows):
+def reduce_fused(
+    row_fn: Callable[..., torch.Tensor],
+    pairs: list[tuple[torch.Tensor, LMHead]],
+    extras: list[torch.Tensor],
+    mask_N: torch.Tensor,
+    denom: torch.Tensor | float | None,
+    out_shape: tuple[int, ...],
+    chunk_rows: int | None,
+) -> torch.Tensor:
+    """`kernels.chunked.masked_reduce` on the fused engine (``pairs``: (hidden rows, head) per stream)."""
     dtype = torch.promote_types(pairs[0][0].dtype, torch.float32)
-    valid_idx = mask_N.nonzero().squeeze(-1)
-    mvals = mask_N.index_select(0, valid_idx).to(dtype)
     chunk = chunk_rows or default_fused_chunk_rows(pairs[0][1].vocab_size)
-    if denom is None:
-        per = fused_rows(row_fn, pairs, extras, valid_idx=valid_idx, weights=None, chunk_rows=chunk)
-        out = torch.zeros(mask_N.shape[0], dtype=per.dtype, device=per.device)
-        return out.index_put((valid_idx,), per * mvals).view(out_shape)
-    return fused_rows(row_fn, pairs, extras, valid_idx=valid_idx, weights=mvals / denom, chunk_rows=chunk)
+
+    def run(valid_idx: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+        return fused_rows(row_fn, pairs, extras, valid_idx=valid_idx, weights=weights, chunk_rows=chunk)
+
+    return masked_reduce(run, mask_N, denom, out_shape, dtype)
 
 
-def _flat2(student_hidden, teacher_hidden):
+def hidden_pair(
+    student_hidden: torch.Tensor, teacher_hidden: torch.Tensor
+) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor]:
+    """``(lead, student (N, H), teacher (N, H'))`` for a two-stream loss; checks dtype and (B, T)."""
     for name, x in (("student_hidden", student_hidden), ("teacher_hidden", teacher_hidden)):
         if not torch.is_floating_point(x):
             raise ValueError(f"{name} has dtype {x.dtype}; pass floating-point hidden states")
@@ -272,122 +281,25 @@ def _flat2(student_hidden, teacher_hidden):
         )
     lead = tuple(student_hidden.shape[:-1])
     N = math.prod(lead)
-    return lead, N, student_hidden.reshape(N, -1), teacher_hidden.reshape(N, -1)
+    return lead, student_hidden.reshape(N, -1), teacher_hidden.reshape(N, -1)
 
 
-def fused_generalized_jsd_loss(
+def reduce_hidden_pair(
+    row_fn: Callable[..., torch.Tensor],
     student_hidden: torch.Tensor,
     teacher_hidden: torch.Tensor,
     head: LMHead,
-    labels: torch.Tensor | None = None,
-    beta: float = 0.5,
-    temperature: float = 1.0,
-    reduction: str = "batchmean",
-    top_k: int | None = None,
-    token_clip: float | None = None,
+    teacher_head: LMHead | None,
     *,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    teacher_head: LMHead | None = None,
+    mask_N: torch.Tensor,
+    denom: torch.Tensor | float | None,
+    out_shape: tuple[int, ...],
     chunk_rows: int | None = None,
 ) -> torch.Tensor:
-    """``opsd.generalized_jsd_loss(head(student_hidden), teacher_head(teacher_hidden), ...)``.
+    """`reduce_fused` of ``row_fn(student_logits, teacher_logits)`` over two (N, H) hidden streams.
 
-    Same values and gradients, without the (B, T, V) logits. ``teacher_head=None`` uses
-    ``head.detached()``: the teacher sends no gradient into the head, as in SDPO where teacher
-    logits come from a no-grad forward of the same model.
+    ``teacher_head=None`` projects the teacher with ``head.detached()``: it sends no gradient into the
+    head, as in SDPO where the teacher is a no-grad forward of the same model.
     """
-    from composer_replication.opsd import _check_gjsd_params
-
-    V = head.vocab_size
-    _check_gjsd_params(beta, temperature, reduction, top_k, token_clip, V)
-    lead, N, hs, ht = _flat2(student_hidden, teacher_hidden)
-    keep, denom = gjsd_plan(lead, V, labels, reduction, top_k, num_items_in_batch, hs.device)
-    fn = gjsd_row_fn(beta, temperature, False, top_k, token_clip)
-    pairs = [(hs, head), (ht, teacher_head or head.detached())]
-    return _reduce(fn, pairs, [], keep, denom, lead, chunk_rows)
-
-
-def fused_taid_loss(
-    student_hidden: torch.Tensor,
-    teacher_hidden: torch.Tensor,
-    head: LMHead,
-    mask: torch.Tensor | None = None,
-    *,
-    t: float | torch.Tensor,
-    teacher_head: LMHead | None = None,
-    chunk_rows: int | None = None,
-) -> torch.Tensor:
-    """`distillation.taid_loss` on hidden states (teacher head detached unless given)."""
-    from composer_replication.distillation.taid import _check_t
-
-    _check_t(t)
-    lead, N, hs, ht = _flat2(student_hidden, teacher_hidden)
-    w, denom = taid_plan(mask, lead, torch.promote_types(hs.dtype, torch.float32), hs.device)
-    tv = float(t)
-    pairs = [(hs, head), (ht, teacher_head or head.detached())]
-    return _reduce(lambda zs, zt: taid_rows(zs, zt, t=tv), pairs, [], w, denom, lead, chunk_rows)
-
-
-def fused_entropy_aware_opd_loss(
-    student_hidden: torch.Tensor,
-    teacher_hidden: torch.Tensor,
-    head: LMHead,
-    *,
-    labels: torch.Tensor | None = None,
-    h_max: float | None = None,
-    temperature: float = 1.0,
-    reduction: str = "batchmean",
-    teacher_head: LMHead | None = None,
-    chunk_rows: int | None = None,
-) -> torch.Tensor:
-    """`distillation.entropy_aware_opd_loss` on hidden states (teacher head detached unless given)."""
-    lead, N, hs, ht = _flat2(student_hidden, teacher_hidden)
-    keep, denom, hm = eopd_plan(labels, lead, head.vocab_size, reduction, h_max, temperature, hs.device)
-
-    def fn(zs, zt):
-        return eopd_rows(zs, zt, h_max=hm, temperature=temperature)
-
-    pairs = [(hs, head), (ht, teacher_head or head.detached())]
-    return _reduce(fn, pairs, [], keep, denom, lead, chunk_rows)
-
-
-def fused_token_logprobs(
-    hidden_BTH: torch.Tensor, head: LMHead, labels_BT: torch.Tensor, *, chunk_rows: int | None = None
-) -> torch.Tensor:
-    """(B, T) log p(label) from hidden states; ``-100`` labels give 0."""
-    lead = tuple(hidden_BTH.shape[:-1])
-    N = math.prod(lead)
-    lab = labels_BT.reshape(N)
-    valid = lab != -100
-    safe = torch.where(valid, lab, torch.zeros_like(lab))
-    pairs = [(hidden_BTH.reshape(N, -1), head)]
-
-    def fn(z, y):
-        return logprob_rows(z, y)
-
-    fn.analytic = logprob_value_grad
-    return _reduce(fn, pairs, [safe], valid, None, lead, chunk_rows)
-
-
-def fused_cross_entropy(
-    hidden_NH: torch.Tensor,
-    head: LMHead,
-    labels_N: torch.Tensor,
-    *,
-    ignore_index: int = -100,
-    label_smoothing: float = 0.0,
-    chunk_rows: int | None = None,
-) -> torch.Tensor:
-    """``F.cross_entropy(head(hidden), labels, label_smoothing=)`` (mean over non-ignored tokens)."""
-    H = hidden_NH.shape[-1]
-    lab = labels_N.reshape(-1)
-    valid = lab != ignore_index
-    safe = torch.where(valid, lab, torch.zeros_like(lab))
-
-    def fn(z, y):
-        return ce_rows(z, y, label_smoothing=label_smoothing)
-
-    fn.analytic = lambda z, y, w: ce_value_grad(z, y, w, label_smoothing=label_smoothing)
-
-    pairs = [(hidden_NH.reshape(-1, H), head)]
-    return _reduce(fn, pairs, [safe], valid, valid.sum(), (), chunk_rows)
+    pairs = [(student_hidden, head), (teacher_hidden, teacher_head or head.detached())]
+    return reduce_fused(row_fn, pairs, [], mask_N, denom, out_shape, chunk_rows)
