@@ -67,10 +67,22 @@ class TAIDConfig(_Model):
     disable_adaptive: bool = Field(False, description="plain linear schedule")
 
 
+class OnPolicyConfig(_Model):
+    max_new_tokens: int = Field(32, ge=1, le=4096, description="tokens the student samples at an error site")
+    temperature: float = Field(1.0, ge=0.0, description="student sampling temperature (0: greedy)")
+    sites_per_batch: int = Field(2, ge=1, description="error sites sampled per micro-batch")
+
+
 class SDPOConfig(_Model):
     weight: float = Field(
         0.1, ge=0.0, description="alpha: weight of the self-distillation channel; 0 disables"
     )
+    source: Literal["recorded", "on_policy"] = Field(
+        "recorded",
+        description="offline mode: the hinted teacher scores the recorded recovery (recorded) or the "
+        "student's own sample at the error site (on_policy, OPSD)",
+    )
+    on_policy: OnPolicyConfig = Field(default_factory=OnPolicyConfig, description="source=on_policy sampling")
     wrapper: Literal["none", "taid", "entropy_opd"] = Field("none", description="channel-2 variant")
     jsd_beta: float = Field(0.5, ge=0.0, le=1.0, description="0 forward KL, 0.5 JSD, 1 reverse KL")
     temperature: float = Field(1.0, gt=0.0, description="softmax temperature")

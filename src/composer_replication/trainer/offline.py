@@ -18,13 +18,10 @@ DiLoCo replicas with ``inner: offline`` call it for their inner steps.
 
 from __future__ import annotations
 
-import math
-import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from composer_replication.config import TrainConfig, build_config
@@ -32,129 +29,23 @@ from composer_replication.trainer import checkpoint as ckpt
 from composer_replication.trainer import offline_data as od
 from composer_replication.trainer import pair_tokens
 from composer_replication.trainer.evaluation import evaluate
+from composer_replication.trainer.offline_parts import (
+    load_model,
+    loss_kwargs,
+    make_optimizer,
+    pair_batch,
+    reference_logprobs,
+    seed_everything,
+)
 
-
-def load_model(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
-    """(model, tokenizer) for ``model.path``: ``tiny``, ``default`` (SmolLM2-135M) or a directory."""
-    from composer_replication import models
-
-    dtype = torch.float32
-    if cfg.model.dtype == "bfloat16" or (
-        cfg.model.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
-    ):
-        dtype = torch.bfloat16
-    if cfg.model.path == "tiny":
-        tok = models.build_tiny_tokenizer(2048)
-        model = models.build_tiny_model(tokenizer=tok, seed=cfg.seed)
-    elif cfg.model.path == "default":
-        model, tok = models.load_default_model()
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(cfg.model.path)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    model.to(device=device, dtype=dtype)
-    if cfg.lora.enabled:
-        try:
-            from peft import LoraConfig, get_peft_model
-        except ImportError as exc:
-            raise ImportError("LoRA needs PEFT: pip install 'composer-replication[trl]'") from exc
-        lcfg = LoraConfig(
-            r=cfg.lora.r,
-            lora_alpha=cfg.lora.alpha,
-            lora_dropout=cfg.lora.dropout,
-            target_modules=cfg.lora.target_modules,
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(model, lcfg)
-    return model, tok
-
-
-def _optimizer(cfg: TrainConfig, model: torch.nn.Module):
-    params = [p for p in model.parameters() if p.requires_grad]
-    o = cfg.optimizer
-    if o.type == "sgd":
-        opt = torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
-    else:
-        opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, foreach=False)
-    s = cfg.schedule
-
-    def factor(step: int) -> float:
-        if step < s.warmup_steps:
-            return (step + 1) / (s.warmup_steps + 1)
-        frac = (step - s.warmup_steps) / max(1, s.max_steps - s.warmup_steps)
-        if s.type == "linear":
-            return max(0.0, 1.0 - frac)
-        if s.type == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
-        return 1.0
-
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
-
-
-def _seed_everything(seed: int, deterministic: bool) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-@torch.no_grad()
-def reference_logprobs(model, tok, pairs: list[dict], max_len: int, batch_size: int = 4) -> dict[str, tuple]:
-    """Summed reference log-probs per pair id, with the current (initial) weights; adapters disabled."""
-    from contextlib import nullcontext
-
-    from composer_replication.loss import sequence_logprobs
-
-    out: dict[str, tuple[float, float]] = {}
-    ctx = model.disable_adapter() if hasattr(model, "peft_config") else nullcontext()
-    was_training = model.training
-    model.eval()
-    dev = next(model.parameters()).device
-    with ctx:
-        for i in range(0, len(pairs), batch_size):
-            enc = pair_tokens.encode_pairs(tok, pairs[i : i + batch_size], max_len)
-            c = sequence_logprobs(
-                model, enc["dpo_chosen_input_ids"].to(dev), enc["dpo_chosen_response_mask"].to(dev)
-            )
-            r = sequence_logprobs(
-                model, enc["dpo_rejected_input_ids"].to(dev), enc["dpo_rejected_response_mask"].to(dev)
-            )
-            for pid, a, b in zip(enc["pair_ids"], c.tolist(), r.tolist()):
-                out[pid] = (a, b)
-    model.train(was_training)
-    return out
-
-
-def pair_batch(tok, rows: list[dict], ref: dict[str, tuple], max_len: int, device) -> dict[str, torch.Tensor]:
-    enc = pair_tokens.encode_pairs(tok, rows, max_len)
-    vals = torch.tensor([ref[p] for p in enc.pop("pair_ids")], dtype=torch.float32)
-    enc["dpo_chosen_ref_logprobs"], enc["dpo_rejected_ref_logprobs"] = vals[:, 0], vals[:, 1]
-    return {k: v.to(device) for k, v in enc.items()}
-
-
-def _loss_kwargs(cfg: TrainConfig, taid) -> dict[str, Any]:
-    s, p = cfg.loss.sdpo, cfg.loss.preference
-    kw: dict[str, Any] = dict(
-        alpha_sdpo=s.weight,
-        beta_replay=p.weight,
-        sdpo_jsd_beta=s.jsd_beta,
-        sdpo_temperature=s.temperature,
-        sdpo_token_clip=s.token_clip,
-        replay_dpo_beta=p.dpo_beta,
-        lm_ce_label_smoothing=cfg.loss.label_smoothing,
-        dpo_variant=p.variant,
-        sdpo_wrapper=s.wrapper,
-        simpo_beta=p.simpo_beta,
-        simpo_gamma=p.simpo_gamma,
-        entropy_opd_h_max=s.entropy_opd_h_max,
-    )
-    if taid is not None:
-        kw["taid_t"] = taid.t
-    return kw
+__all__ = [
+    "OfflineStepper",
+    "load_model",
+    "make_offline_stepper",
+    "pair_batch",
+    "reference_logprobs",
+    "train_offline",
+]
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -193,6 +84,7 @@ class OfflineStepper:
         train_pairs: list[dict],
         ref_pairs: list[dict] | None = None,
         collator: Any = None,
+        sample_cache: Path | None = None,
     ) -> None:
         self.cfg, self.model, self.tok, self.device = cfg, model, tok, device
         self.step_count = 0
@@ -205,9 +97,15 @@ class OfflineStepper:
                 tok, cfg.data.max_seq_len, cfg.data.max_dpo_seq_len, cfg.loss.sdpo.weight > 0
             )
         self.collator = collator
+        self.on_policy = None
+        if cfg.loss.sdpo.source == "on_policy" and cfg.loss.sdpo.weight > 0 and train_traces:
+            from composer_replication.trainer.onpolicy import OnPolicySDPO, error_sites
+
+            sites = error_sites(train_traces)
+            self.on_policy = OnPolicySDPO(tok, sites, cfg, cfg.seed, sample_cache)
         self._ref_pairs = train_pairs if ref_pairs is None else ref_pairs
         self._ref: dict[str, tuple] | None = None
-        self.opt, self.sched = _optimizer(cfg, model)
+        self.opt, self.sched = make_optimizer(cfg, model)
         self.taid = None
         if cfg.loss.sdpo.wrapper == "taid":
             from composer_replication.distillation import TAIDScheduler
@@ -263,12 +161,24 @@ class OfflineStepper:
         self.opt.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
         extras: dict[str, float] = {}
-        for _i in range(ga):
-            comps = compose_loss(self.model, self._micro_batch(), **_loss_kwargs(cfg, self.taid))
-            (comps.total / ga).backward()
-            for k, v in comps.detached().items():
+        kwargs = loss_kwargs(cfg, self.taid)
+        if self.on_policy is not None:  # the SDPO channel runs on the student's samples (below)
+            kwargs["alpha_sdpo"] = 0.0
+        for i in range(ga):
+            comps = compose_loss(self.model, self._micro_batch(), **kwargs)
+            parts, metrics = comps.detached(), dict(comps.metrics)
+            total = comps.total
+            if self.on_policy is not None:
+                sd, sd_metrics = self._on_policy_sdpo(i)
+                metrics.update(sd_metrics)
+                if sd is not None:
+                    total = total + cfg.loss.sdpo.weight * sd
+                    parts["sdpo_jsd"] = float(sd.detach())
+                    parts["total"] = float(total.detach())
+            (total / ga).backward()
+            for k, v in parts.items():
                 totals[k] = totals.get(k, 0.0) + v / ga
-            for k, v in comps.metrics.items():
+            for k, v in metrics.items():
                 if not k.endswith("/loss"):  # the /loss values duplicate loss/<channel>
                     extras[k] = extras.get(k, 0.0) + v / ga
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -285,6 +195,25 @@ class OfflineStepper:
             row["taid_t"] = self.taid.t
         return row
 
+    def _on_policy_sdpo(self, micro: int) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """On-policy SDPO for one micro-batch: the student samples at error sites, the hinted model scores."""
+        from composer_replication.loss import sdpo_channel
+
+        assert self.on_policy is not None
+        batch, metrics = self.on_policy.batch(self.model, self.step_count, micro)
+        if batch is None:
+            return None, metrics
+        b = {k: v.to(self.device) for k, v in batch.items()}
+        kw = loss_kwargs(self.cfg, self.taid)
+        res = sdpo_channel(
+            self.model, b["input_ids"], b["ctx_teacher_input_ids"], b["sdpo_loss_mask"],
+            student_mask=b["sdpo_student_mask"], attention_mask=b["attention_mask"],
+            teacher_attention_mask=b["ctx_teacher_attention_mask"], wrapper=kw["sdpo_wrapper"],
+            jsd_beta=kw["sdpo_jsd_beta"], temperature=kw["sdpo_temperature"],
+            token_clip=kw["sdpo_token_clip"], taid_t=kw.get("taid_t"), h_max=kw["entropy_opd_h_max"],
+        )  # fmt: skip
+        return res.loss, {**metrics, **res.metrics}
+
     def skip_to(self, step: int) -> None:
         """Advance the data streams and LR schedule to ``step`` without training (a replica catching up)."""
         import warnings
@@ -294,6 +223,8 @@ class OfflineStepper:
                 for stream in (self.trace_stream, self.pair_stream):
                     if stream is not None:
                         stream.next_batch()
+                if self.on_policy is not None:
+                    self.on_policy.stream.next_batch()
             with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": intended here
                 warnings.simplefilter("ignore")
                 self.sched.step()
@@ -308,6 +239,7 @@ class OfflineStepper:
             "trace_stream": self.trace_stream.state_dict() if self.trace_stream else None,
             "pair_stream": self.pair_stream.state_dict() if self.pair_stream else None,
             "taid": self.taid.state_dict() if self.taid is not None else None,
+            "on_policy": self.on_policy.state_dict() if self.on_policy is not None else None,
             "ref_logprobs": self.ref,
         }
 
@@ -322,6 +254,8 @@ class OfflineStepper:
             self.pair_stream.load_state_dict(state["pair_stream"])
         if self.taid is not None:
             self.taid.load_state_dict(state["taid"])
+        if self.on_policy is not None:
+            self.on_policy.load_state_dict(state["on_policy"])
         self.step_count = state["step"]
 
 
@@ -404,8 +338,10 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
         (out / "metrics.jsonl").unlink()  # nothing to resume from: start clean
     if not resume and (out / "metrics.jsonl").exists():
         raise FileExistsError(f"{out} already holds a run (metrics.jsonl); pass resume=True or a new out_dir")
+    if latest is None:  # samples cached by an earlier run without a checkpoint may be from other weights
+        (out / "sdpo_samples.jsonl").unlink(missing_ok=True)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    _seed_everything(cfg.seed, cfg.deterministic)
+    seed_everything(cfg.seed, cfg.deterministic)
     model, tok = load_model(cfg, dev)
     model.train()
 
@@ -431,6 +367,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
         train_pairs=train_pairs,
         ref_pairs=pairs,
         collator=collator,
+        sample_cache=out / "sdpo_samples.jsonl",
     )
 
     if latest is not None:

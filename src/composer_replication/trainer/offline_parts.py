@@ -1,0 +1,140 @@
+"""Pieces of the offline trainer that do not depend on its loop: model loading, optimizer and LR
+schedule, seeding, DPO reference log-probs, pair batches and the ``compose_loss`` keyword arguments.
+
+``trainer.offline`` re-exports ``load_model``, ``reference_logprobs`` and ``pair_batch`` (their old home).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from composer_replication.config import TrainConfig
+from composer_replication.trainer import pair_tokens
+
+
+def load_model(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
+    """(model, tokenizer) for ``model.path``: ``tiny``, ``default`` (SmolLM2-135M) or a directory."""
+    from composer_replication import models
+
+    dtype = torch.float32
+    if cfg.model.dtype == "bfloat16" or (
+        cfg.model.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+    ):
+        dtype = torch.bfloat16
+    if cfg.model.path == "tiny":
+        tok = models.build_tiny_tokenizer(2048)
+        model = models.build_tiny_model(tokenizer=tok, seed=cfg.seed)
+    elif cfg.model.path == "default":
+        model, tok = models.load_default_model()
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.model.path)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model.to(device=device, dtype=dtype)
+    if cfg.lora.enabled:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError as exc:
+            raise ImportError("LoRA needs PEFT: pip install 'composer-replication[trl]'") from exc
+        lcfg = LoraConfig(
+            r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=cfg.lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lcfg)
+    return model, tok
+
+
+def make_optimizer(cfg: TrainConfig, model: torch.nn.Module):
+    params = [p for p in model.parameters() if p.requires_grad]
+    o = cfg.optimizer
+    if o.type == "sgd":
+        opt = torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
+    else:
+        opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, foreach=False)
+    s = cfg.schedule
+
+    def factor(step: int) -> float:
+        if step < s.warmup_steps:
+            return (step + 1) / (s.warmup_steps + 1)
+        frac = (step - s.warmup_steps) / max(1, s.max_steps - s.warmup_steps)
+        if s.type == "linear":
+            return max(0.0, 1.0 - frac)
+        if s.type == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
+        return 1.0
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+@torch.no_grad()
+def reference_logprobs(model, tok, pairs: list[dict], max_len: int, batch_size: int = 4) -> dict[str, tuple]:
+    """Summed reference log-probs per pair id, with the current (initial) weights; adapters disabled."""
+    from contextlib import nullcontext
+
+    from composer_replication.loss import sequence_logprobs
+
+    out: dict[str, tuple[float, float]] = {}
+    ctx = model.disable_adapter() if hasattr(model, "peft_config") else nullcontext()
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    with ctx:
+        for i in range(0, len(pairs), batch_size):
+            enc = pair_tokens.encode_pairs(tok, pairs[i : i + batch_size], max_len)
+            c = sequence_logprobs(
+                model, enc["dpo_chosen_input_ids"].to(dev), enc["dpo_chosen_response_mask"].to(dev)
+            )
+            r = sequence_logprobs(
+                model, enc["dpo_rejected_input_ids"].to(dev), enc["dpo_rejected_response_mask"].to(dev)
+            )
+            for pid, a, b in zip(enc["pair_ids"], c.tolist(), r.tolist()):
+                out[pid] = (a, b)
+    model.train(was_training)
+    return out
+
+
+def pair_batch(tok, rows: list[dict], ref: dict[str, tuple], max_len: int, device) -> dict[str, torch.Tensor]:
+    enc = pair_tokens.encode_pairs(tok, rows, max_len)
+    vals = torch.tensor([ref[p] for p in enc.pop("pair_ids")], dtype=torch.float32)
+    enc["dpo_chosen_ref_logprobs"], enc["dpo_rejected_ref_logprobs"] = vals[:, 0], vals[:, 1]
+    return {k: v.to(device) for k, v in enc.items()}
+
+
+def loss_kwargs(cfg: TrainConfig, taid) -> dict[str, Any]:
+    s, p = cfg.loss.sdpo, cfg.loss.preference
+    kw: dict[str, Any] = dict(
+        alpha_sdpo=s.weight,
+        beta_replay=p.weight,
+        sdpo_jsd_beta=s.jsd_beta,
+        sdpo_temperature=s.temperature,
+        sdpo_token_clip=s.token_clip,
+        replay_dpo_beta=p.dpo_beta,
+        lm_ce_label_smoothing=cfg.loss.label_smoothing,
+        dpo_variant=p.variant,
+        sdpo_wrapper=s.wrapper,
+        simpo_beta=p.simpo_beta,
+        simpo_gamma=p.simpo_gamma,
+        entropy_opd_h_max=s.entropy_opd_h_max,
+    )
+    if taid is not None:
+        kw["taid_t"] = taid.t
+    return kw

@@ -1,0 +1,259 @@
+"""On-policy self-distillation at tool-error sites (OPSD, arXiv 2601.18734, as the idea intends).
+
+At an error site of a training trace the student samples its own continuation of the conversation (no
+hint, no gradient); the same model given the hint scores those sampled tokens as the teacher (under
+``no_grad``, inside ``loss.sdpo_channel``), and the generalized JSD (or the TAID / EOPD wrappers) pulls
+the student towards what it would do with the hint. With ``source: recorded`` the teacher scores the
+recorded agent's recovery instead: tokens the student never produced, which is why that variant barely
+moves a small model (``notes/learning.md``).
+
+Samples come from a private ``torch.Generator`` seeded by (seed, step, micro-batch), never from the global
+RNG, and are cached by (seed, step, micro-batch, site): in memory, and in an append-only JSONL file when
+the trainer has an output folder. A resumed run therefore uses exactly the samples the interrupted run
+drew, even where regenerating them would not be bit-identical (GPU kernels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class ErrorSite:
+    """One recovery point: ``turns`` end with the failed tool result(s); ``recovery`` is what the agent did."""
+
+    site_id: str
+    turns: tuple[dict, ...]
+    hint: str
+    recovery: str
+    error_kind: str
+
+
+def error_sites(traces: Sequence[dict], hint_generator: Callable[[str, dict], str | None] | None = None):
+    """Every error site of ``traces`` that has a recorded recovery and a hint, deduplicated across
+    overlapping trace windows. A site is the history up to the first assistant turn after a failed tool
+    call; its hint comes from the last failure before that turn (as in the collator)."""
+    if hint_generator is None:
+        from composer_replication.hint_generator import hint_for_error as hint_generator
+    out: list[ErrorSite] = []
+    seen: set[str] = set()
+    for trace in traces:
+        turns = list(trace.get("turns") or [])
+        for j, turn in enumerate(turns):
+            if turn.get("role") != "assistant":
+                continue
+            k = j - 1  # the last failed tool call since the previous assistant turn
+            while k >= 0 and turns[k].get("role") != "assistant":
+                if turns[k].get("role") == "tool" and turns[k].get("tool_error") is not None:
+                    break
+                k -= 1
+            if k < 0 or turns[k].get("role") == "assistant":
+                continue
+            meta = dict(turns[k].get("error_meta") or {})
+            meta.setdefault("error_message", turns[k].get("tool_error"))
+            kind = str(meta.get("error_kind") or "runtime_error")
+            hint = hint_generator(kind, meta)
+            recovery = str(turn.get("content") or "")
+            if not hint or not recovery.strip():
+                continue
+            blob = json.dumps([turns[max(0, j - 4) : j], recovery], sort_keys=True, default=str)
+            key = hashlib.sha256(blob.encode()).hexdigest()[:16]
+            if key in seen:
+                continue
+            seen.add(key)
+            sid = f"{trace.get('trace_id')}::{key}"
+            out.append(ErrorSite(sid, tuple(turns[:j]), hint, recovery, kind))
+    return out
+
+
+def site_messages(site: ErrorSite, *, hinted: bool) -> list[dict]:
+    """Chat messages of the history at ``site``; ``hinted`` appends the hint to the error message."""
+    from composer_replication.trainer.data_collator import turns_to_messages
+
+    msgs, _ = turns_to_messages(site.turns)
+    if hinted:
+        msgs[-1] = {**msgs[-1], "content": msgs[-1]["content"] + f"\n\n[HINT] {site.hint}"}
+    return msgs
+
+
+def prompt_ids(tok: Any, messages: list[dict], max_len: int) -> list[int]:
+    """Token ids of ``messages`` plus the generation prompt, oldest tokens dropped beyond ``max_len``."""
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    return list(ids[-max_len:])
+
+
+@torch.no_grad()
+def sample(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    generator: torch.Generator | None = None,
+) -> list[list[int]]:
+    """Continuations of ``prompts`` (left-padded into one batch, KV cache), each ending at an EOS id
+    (kept) or after ``max_new_tokens``. ``temperature == 0`` is greedy; otherwise tokens are drawn from
+    ``softmax(logits / temperature)`` with ``generator`` (the global RNG is not touched)."""
+    if not prompts:
+        return []
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+        attn[i, width - len(p) :] = 1
+    ids, attn = ids.to(dev), attn.to(dev)
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)
+    eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=dev)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=dev)
+    seqs: list[list[int]] = [[] for _ in prompts]
+    for step in range(max_new_tokens):
+        logits = out.logits[:, -1].float()
+        if temperature == 0:
+            nxt = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits / temperature, -1).cpu()
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(dev)
+        for i in range(len(prompts)):
+            if not done[i]:
+                seqs[i].append(int(nxt[i]))
+        done |= torch.isin(nxt, eos)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)
+        pos = pos[:, -1:] + 1
+        out = model(
+            input_ids=nxt[:, None],
+            attention_mask=attn,
+            position_ids=pos,
+            cache=out.cache,
+            use_cache=True,
+        )
+    model.train(was_training)
+    return seqs
+
+
+def eos_token_ids(tok: Any) -> list[int]:
+    """The ids that end an assistant turn: the tokenizer's EOS plus the chat template's end-of-turn token."""
+    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    for name in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+        tid = tok.convert_tokens_to_ids(name) if name in tok.get_vocab() else None
+        if tid is not None:
+            ids.add(tid)
+    return sorted(ids)
+
+
+def sdpo_batch(
+    student_prompts: Sequence[list[int]],
+    teacher_prompts: Sequence[list[int]],
+    samples: Sequence[list[int]],
+    pad_id: int,
+) -> dict[str, torch.Tensor] | None:
+    """Right-padded student rows (prompt + sample) and teacher rows (hinted prompt + the same sample),
+    with masks selecting the sampled tokens in each; rows with an empty sample are left out."""
+    rows = [(s, t, x) for s, t, x in zip(student_prompts, teacher_prompts, samples, strict=True) if x]
+    if not rows:
+        return None
+
+    def pad(seqs: list[list[int]], value: int) -> torch.Tensor:
+        width = max(len(q) for q in seqs)
+        return torch.tensor([q + [value] * (width - len(q)) for q in seqs], dtype=torch.long)
+
+    s_ids = [s + x for s, _, x in rows]
+    t_ids = [t + x for _, t, x in rows]
+    return {
+        "input_ids": pad(s_ids, pad_id),
+        "attention_mask": pad([[1] * len(q) for q in s_ids], 0),
+        "sdpo_student_mask": pad([[0] * len(s) + [1] * len(x) for s, _, x in rows], 0),
+        "ctx_teacher_input_ids": pad(t_ids, pad_id),
+        "ctx_teacher_attention_mask": pad([[1] * len(q) for q in t_ids], 0),
+        "sdpo_loss_mask": pad([[0] * len(t) + [1] * len(x) for _, t, x in rows], 0),
+    }
+
+
+class SampleCache:
+    """Samples keyed by ``"seed:step:micro:site_id"``; mirrored to an append-only JSONL file if given."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self.samples: dict[str, list[int]] = {}
+        if path is not None and path.exists():
+            from composer_replication._io import read_jsonl
+
+            for rec in read_jsonl(path):
+                self.samples[rec["key"]] = list(rec["tokens"])
+
+    def put(self, items: dict[str, list[int]]) -> None:
+        self.samples.update(items)
+        if self.path is not None and items:
+            from composer_replication._io import JsonlAppender
+
+            with JsonlAppender(self.path) as app:
+                for key, tokens in items.items():
+                    app.write({"key": key, "tokens": tokens})
+
+
+class OnPolicySDPO:
+    """Draws the student's samples at error sites and builds the on-policy SDPO batch for one micro-batch."""
+
+    def __init__(
+        self, tok: Any, sites: list[ErrorSite], cfg: Any, seed: int, cache_path: Path | None = None
+    ) -> None:
+        from composer_replication.trainer.offline_data import Stream
+
+        if not sites:
+            raise ValueError(
+                "loss.sdpo.source=on_policy needs error sites with a hint in the training traces; "
+                "none found (use source: recorded, or traces with failed tool calls)"
+            )
+        self.tok, self.cfg, self.seed = tok, cfg, seed
+        op = cfg.loss.sdpo.on_policy
+        self.max_new, self.temperature = op.max_new_tokens, op.temperature
+        self.max_prompt = max(8, cfg.data.max_seq_len - op.max_new_tokens)
+        self.stream = Stream(sites, op.sites_per_batch, seed + 2)
+        self.cache = SampleCache(cache_path)
+        self.eos = eos_token_ids(tok)
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+
+    def batch(self, model: Any, step: int, micro: int) -> tuple[dict[str, torch.Tensor] | None, dict]:
+        """The SDPO inputs for micro-batch ``micro`` of optimizer step ``step`` (0-based), plus metrics."""
+        sites = self.stream.next_batch()
+        s_prompts = [prompt_ids(self.tok, site_messages(s, hinted=False), self.max_prompt) for s in sites]
+        t_prompts = [prompt_ids(self.tok, site_messages(s, hinted=True), self.max_prompt) for s in sites]
+        keys = [f"{self.seed}:{step}:{micro}:{s.site_id}" for s in sites]
+        missing = [i for i, k in enumerate(keys) if k not in self.cache.samples]
+        if missing:
+            g = torch.Generator().manual_seed(_mix(self.seed, step, micro))
+            drawn = sample(
+                model, [s_prompts[i] for i in missing], max_new_tokens=self.max_new,
+                temperature=self.temperature, eos_ids=self.eos, pad_id=self.pad, generator=g,
+            )  # fmt: skip
+            self.cache.put({keys[i]: d for i, d in zip(missing, drawn, strict=True)})
+        samples = [self.cache.samples[k] for k in keys]
+        lengths = [len(x) for x in samples]
+        metrics = {"sdpo/sample_tokens": sum(lengths) / max(1, len(lengths)), "sdpo/sites": float(len(sites))}
+        return sdpo_batch(s_prompts, t_prompts, samples, self.pad), metrics
+
+    def state_dict(self) -> dict[str, int]:
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.stream.load_state_dict(state)
+
+
+def _mix(*parts: int) -> int:
+    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big") >> 1

@@ -1,0 +1,162 @@
+"""On-policy SDPO at error sites: sites, sampling, the batch, training with it, and exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from composer_replication.trainer import onpolicy as op
+from composer_replication.trainer.offline import train_offline
+
+from .conftest import tiny_config
+
+
+def rows(path):
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+@pytest.fixture()
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_error_sites_of_real_traces(ingested):
+    traces = rows(ingested / "traces.jsonl")
+    sites = op.error_sites(traces)
+    assert len(sites) >= 8
+    assert len({s.site_id for s in sites}) == len(sites)
+    for s in sites:
+        assert s.turns[-1]["role"] in ("tool", "user") and s.recovery.strip() and s.hint
+        assert any(t.get("role") == "tool" and t.get("tool_error") is not None for t in s.turns)
+        student, teacher = op.site_messages(s, hinted=False), op.site_messages(s, hinted=True)
+        assert student[-1]["role"] == "user" and teacher[:-1] == student[:-1]
+        assert teacher[-1]["content"] == student[-1]["content"] + f"\n\n[HINT] {s.hint}"
+    # overlapping windows of one session repeat sites: they are counted once
+    assert len(op.error_sites(traces + traces)) == len(sites)
+
+
+def test_greedy_sampling_matches_transformers_generate(tiny_model, tiny_tokenizer):
+    prompts = [[5, 17, 23, 99, 4], [7, 8]]
+    eos = [tiny_tokenizer.eos_token_id]
+    got = op.sample(tiny_model, prompts, max_new_tokens=6, temperature=0, eos_ids=eos, pad_id=0)
+    for p, g in zip(prompts, got, strict=True):
+        ids = torch.tensor([p])
+        ref = tiny_model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+            pad_token_id=0, eos_token_id=eos,
+        )[0, len(p) :].tolist()  # fmt: skip
+        assert g == ref[: len(g)] and len(g) == len(ref)
+
+
+def test_sampling_is_a_function_of_the_generator(tiny_model):
+    prompts = [[5, 17, 23], [7, 8, 9, 10]]
+    kw = dict(max_new_tokens=8, temperature=1.0, eos_ids=[], pad_id=0)
+    state = torch.random.get_rng_state()
+    a = op.sample(tiny_model, prompts, generator=torch.Generator().manual_seed(3), **kw)
+    b = op.sample(tiny_model, prompts, generator=torch.Generator().manual_seed(3), **kw)
+    c = op.sample(tiny_model, prompts, generator=torch.Generator().manual_seed(4), **kw)
+    assert a == b and a != c and all(len(x) == 8 for x in a)
+    assert torch.equal(state, torch.random.get_rng_state())  # the global RNG is untouched
+
+
+def test_batch_pairs_student_and_teacher_on_the_sample():
+    b = op.sdpo_batch([[1, 2, 3], [4, 5]], [[1, 2, 3, 9, 9], [4, 5, 9]], [[7, 8], []], pad_id=0)
+    assert b["input_ids"].tolist() == [[1, 2, 3, 7, 8]]  # the row with no sample is left out
+    assert b["ctx_teacher_input_ids"].tolist() == [[1, 2, 3, 9, 9, 7, 8]]
+    assert b["input_ids"][b["sdpo_student_mask"].bool()].tolist() == [7, 8]
+    assert b["ctx_teacher_input_ids"][b["sdpo_loss_mask"].bool()].tolist() == [7, 8]
+    assert op.sdpo_batch([[1]], [[1]], [[]], pad_id=0) is None
+
+
+def test_sample_cache_round_trip(tmp_path):
+    cache = op.SampleCache(tmp_path / "s.jsonl")
+    cache.put({"0:1:0:a": [1, 2], "0:1:0:b": []})
+    assert op.SampleCache(tmp_path / "s.jsonl").samples == {"0:1:0:a": [1, 2], "0:1:0:b": []}
+
+
+def _on_policy_cfg(small_data, **extra):
+    sections = {
+        "loss": {"sdpo": {"weight": 1.0, "source": "on_policy", "on_policy": {"max_new_tokens": 6}},
+                 "preference": {"weight": 0.0}},
+        "schedule": {"max_steps": 6, "batch_size": 2},
+    }  # fmt: skip
+    sections.update(extra)
+    return tiny_config(small_data, **sections)
+
+
+def test_on_policy_training_scores_the_students_samples(small_data, tmp_path, one_thread):
+    train_offline(_on_policy_cfg(small_data), out_dir=tmp_path)
+    log = rows(tmp_path / "metrics.jsonl")
+    assert all(r["sdpo/tokens"] > 0 and r["loss/sdpo_jsd"] > 0 for r in log)
+    assert all(0 < r["sdpo/sample_tokens"] <= 6 for r in log)
+    for r in log:
+        assert r["loss/total"] == pytest.approx(r["loss/lm_ce"] + r["loss/sdpo_jsd"], rel=1e-5)
+    cached = rows(tmp_path / "sdpo_samples.jsonl")
+    keys = [c["key"] for c in cached]
+    assert len(keys) == len(set(keys)) == 6 * 2  # two sites per step, drawn once
+    assert {k.split(":")[1] for k in keys} == {str(s) for s in range(6)}
+    # the student's SDPO tokens (per step, as counted by the channel) are exactly the cached samples
+    per_step = {}
+    for c in cached:
+        per_step.setdefault(int(c["key"].split(":")[1]), 0)
+        per_step[int(c["key"].split(":")[1])] += len(c["tokens"])
+    assert [r["sdpo/tokens"] for r in log] == [float(per_step[s]) for s in range(6)]
+
+
+def test_on_policy_resume_is_exact_and_reuses_the_samples(small_data, tmp_path, one_thread):
+    cfg = _on_policy_cfg(small_data, checkpoint={"every_steps": 0})
+    reference = tmp_path / "reference"
+    train_offline(cfg, out_dir=reference)
+
+    from composer_replication.safety.kill_switch import KillSwitchTriggered
+
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return "stop" if len(calls) == 4 else None
+
+    run = tmp_path / "run"
+    with pytest.raises(KillSwitchTriggered):
+        train_offline(cfg, out_dir=run, stop=stop)
+    drawn_before = rows(run / "sdpo_samples.jsonl")
+    assert {c["key"].split(":")[1] for c in drawn_before} == {"0", "1", "2"}
+    train_offline(cfg, out_dir=run, resume=True)
+    assert rows(run / "metrics.jsonl") == rows(reference / "metrics.jsonl")
+    assert rows(run / "sdpo_samples.jsonl") == rows(reference / "sdpo_samples.jsonl")
+
+
+def test_on_policy_resume_uses_the_cached_samples_not_fresh_ones(small_data, tmp_path, one_thread):
+    """A sample drawn before the crash is what the resumed run trains on, even if redrawing would differ."""
+    cfg = _on_policy_cfg(small_data, schedule={"max_steps": 2, "batch_size": 2}, checkpoint={"every_steps": 1})
+    run = tmp_path / "run"
+    train_offline(cfg, out_dir=run)
+    first = rows(run / "metrics.jsonl")
+    # pretend the run died after drawing step 2's samples but before checkpointing step 2:
+    # the samples for step index 1 are replaced by one-token samples; resuming from step 1 must use them.
+    import shutil
+
+    shutil.rmtree(run / "checkpoints" / "step-00000002")
+    cached = rows(run / "sdpo_samples.jsonl")
+    edited = [{**c, "tokens": c["tokens"][:1]} if c["key"].split(":")[1] == "1" else c for c in cached]
+    (run / "sdpo_samples.jsonl").write_text("".join(json.dumps(c) + "\n" for c in edited))
+    train_offline(cfg, out_dir=run, resume=True)
+    log = rows(run / "metrics.jsonl")
+    assert log[0] == first[0]
+    assert log[1]["sdpo/tokens"] == 2.0 != first[1]["sdpo/tokens"]
+
+
+def test_on_policy_needs_error_sites(small_data, tmp_path):
+    traces = [t for t in rows(small_data / "traces.jsonl")]
+    for t in traces:
+        for turn in t["turns"]:
+            turn["tool_error"] = None
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(t) + "\n" for t in traces))
+    cfg = _on_policy_cfg(small_data, data={"traces": str(tmp_path / "t.jsonl")})
+    with pytest.raises(ValueError, match="on_policy needs error sites"):
+        train_offline(cfg, out_dir=tmp_path / "run")
