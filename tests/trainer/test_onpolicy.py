@@ -133,7 +133,9 @@ def test_on_policy_resume_is_exact_and_reuses_the_samples(small_data, tmp_path, 
 
 def test_on_policy_resume_uses_the_cached_samples_not_fresh_ones(small_data, tmp_path, one_thread):
     """A sample drawn before the crash is what the resumed run trains on, even if redrawing would differ."""
-    cfg = _on_policy_cfg(small_data, schedule={"max_steps": 2, "batch_size": 2}, checkpoint={"every_steps": 1})
+    cfg = _on_policy_cfg(
+        small_data, schedule={"max_steps": 2, "batch_size": 2}, checkpoint={"every_steps": 1}
+    )
     run = tmp_path / "run"
     train_offline(cfg, out_dir=run)
     first = rows(run / "metrics.jsonl")
