@@ -136,6 +136,8 @@ def recovery_pairs(traces: list[dict], *, limit_chars: int = 2000) -> list[dict]
             if not chosen.strip() or chosen == rejected:
                 continue
             messages, _ = turns_to_messages(turns[:before])
+            if not messages:  # the failed action opens the window: no state to prefer it in
+                continue
             key = (json.dumps(messages[-2:], sort_keys=True), chosen, rejected)
             if key in seen:  # overlapping trace windows repeat the same site
                 continue

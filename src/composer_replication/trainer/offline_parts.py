@@ -39,20 +39,25 @@ def load_model(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model.to(device=device, dtype=dtype)
-    if cfg.lora.enabled:
-        try:
-            from peft import LoraConfig, get_peft_model
-        except ImportError as exc:
-            raise ImportError("LoRA needs PEFT: pip install 'composer-replication[trl]'") from exc
-        lcfg = LoraConfig(
-            r=cfg.lora.r,
-            lora_alpha=cfg.lora.alpha,
-            lora_dropout=cfg.lora.dropout,
-            target_modules=cfg.lora.target_modules,
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(model, lcfg)
-    return model, tok
+    return apply_lora(model, cfg), tok
+
+
+def apply_lora(model: Any, cfg: TrainConfig) -> Any:
+    """``model`` wrapped in a fresh PEFT LoRA adapter when ``cfg.lora.enabled``, else ``model``."""
+    if not cfg.lora.enabled:
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise ImportError("LoRA needs PEFT: pip install 'composer-replication[trl]'") from exc
+    lcfg = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=cfg.lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lcfg)
 
 
 def make_optimizer(cfg: TrainConfig, model: torch.nn.Module):

@@ -1,0 +1,310 @@
+"""Does the recipe teach? Channel ablations trained on some sessions, measured on whole other sessions.
+
+Ingests ``--train-sessions`` and ``--eval-sessions`` (two folders of Claude Code / Codex logs; keep every
+session, and its resumed copies, on one side), trains one LoRA adapter per (variant, seed) on the first
+with the offline trainer's own stepper, and measures each at the error sites of the second
+(``trainer.site_eval``: recovery CE, JSD to the hinted teacher, greedy valid-action and tool-match rates,
+held-out preference accuracy) and on the bundled sandbox tasks (mean reward and pass rate of one greedy
+rollout per task). Writes ``{"variants": {NAME: {METRIC: {"mean", "std", "n"}}}, "config": {...}}``;
+``n`` is the number of seeds (the base model is measured once). Finished runs are cached in
+``<out>.runs.jsonl`` (keyed by their settings), so a rerun only does what is missing.
+
+    flock /work/coord/heavy.lock python3 benchmarks/bench_learning.py \\
+        --train-sessions benchmarks/data/sessions/train --eval-sessions benchmarks/data/sessions/eval \\
+        --out benchmarks/results/learning.json --seeds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Each variant: the loss channels it trains with (None: not trained), and whether a GRPO phase follows.
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "base": None,
+    "sft": {"sdpo": False, "dpo": False},
+    "sft+sdpo_recorded": {"sdpo": True, "source": "recorded", "dpo": False},
+    "sft+sdpo_on_policy": {"sdpo": True, "source": "on_policy", "dpo": False},
+    "sft+sdpo+dpo": {"sdpo": True, "dpo": True},
+    "sft+sdpo+dpo+grpo": {"sdpo": True, "dpo": True, "grpo": True},
+}
+METRICS = (
+    "recovery_ce",
+    "hinted_jsd",
+    "valid_rate",
+    "tool_match_rate",
+    "pref_accuracy",
+    "sandbox_reward",
+    "sandbox_pass_rate",
+)
+
+
+def fail(msg: str) -> None:
+    print(f"bench_learning.py: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--train-sessions", required=True, help="folder of training session logs")
+    p.add_argument("--eval-sessions", required=True, help="folder of held-out session logs")
+    p.add_argument("--out", required=True, help="result JSON")
+    p.add_argument("--seeds", type=int, default=3, help="training seeds per variant (default 3)")
+    p.add_argument("--quick", action="store_true", help="one seed")
+    p.add_argument(
+        "--model", default="default", help="default (SmolLM2-135M-Instruct), tiny, or a model directory"
+    )
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of the variants")
+    p.add_argument("--metrics", default=",".join(METRICS), help="comma-separated subset of the metrics")
+    p.add_argument("--steps", type=int, default=24, help="optimizer steps per training run")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (LoRA)")
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--max-seq-len", type=int, default=256)
+    p.add_argument("--sdpo-weight", type=float, default=1.0, help="alpha of the SDPO channel")
+    p.add_argument("--sdpo-source", choices=("recorded", "on_policy"), default="on_policy",
+                   help="SDPO source of the full recipe (sft+sdpo+dpo, +grpo)")  # fmt: skip
+    p.add_argument("--on-policy-tokens", type=int, default=24, help="tokens sampled per site (on_policy)")
+    p.add_argument("--on-policy-temperature", type=float, default=1.0)
+    p.add_argument("--dpo-weight", type=float, default=0.1, help="beta of the preference channel")
+    p.add_argument("--grpo-steps", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=32, help="greedy answer length at a site")
+    p.add_argument("--sandbox-tasks", default="", help="comma-separated bundled tasks (default: all)")
+    a = p.parse_args(argv)
+    for flag in ("train_sessions", "eval_sessions"):
+        d = Path(getattr(a, flag))
+        if not d.is_dir():
+            fail(f"--{flag.replace('_', '-')} {d}: no such session folder")
+    a.variants = [v for v in a.variants.split(",") if v]
+    a.metrics = [m for m in a.metrics.split(",") if m]
+    for v in a.variants:
+        if v not in VARIANTS:
+            fail(f"unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
+    for m in a.metrics:
+        if m not in METRICS:
+            fail(f"unknown metric {m!r}; choose from {', '.join(METRICS)}")
+    if a.quick:
+        a.seeds = 1
+    if a.seeds < 1:
+        fail(f"--seeds {a.seeds}: need at least one seed")
+    return a
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def ingest(folder: Path, work: Path) -> tuple[list[dict], dict[str, list[str]]]:
+    """Traces of ``folder`` and each trace's tool names (from its states)."""
+    from composer_replication.ingestion import ingest_paths
+    from composer_replication.trainer.offline_data import load_rows
+
+    stats = ingest_paths([folder], work)
+    if not stats["totals"]["n_states_emitted"]:
+        fail(f"{folder}: no sessions with assistant turns in this folder")
+    tools: dict[str, list[str]] = {}
+    for st in load_rows(work / "states.jsonl"):
+        tools.setdefault(str(st.get("trace_id")), list(st.get("tools") or []))
+    return load_rows(work / "traces.jsonl"), tools
+
+
+def train_config(a: argparse.Namespace, variant: dict, seed: int, data_dir: Path) -> dict:
+    sdpo = {"weight": a.sdpo_weight if variant["sdpo"] else 0.0,
+            "source": variant.get("source", a.sdpo_source),
+            "on_policy": {"max_new_tokens": a.on_policy_tokens, "temperature": a.on_policy_temperature,
+                          "sites_per_batch": a.batch_size}}  # fmt: skip
+    return {
+        "mode": "offline", "seed": seed, "model": {"path": a.model},
+        "data": {"traces": str(data_dir / "traces.jsonl"), "pairs": str(data_dir / "pairs.jsonl"),
+                 "max_seq_len": a.max_seq_len, "max_dpo_seq_len": a.max_seq_len},
+        "loss": {"sdpo": sdpo, "preference": {"weight": a.dpo_weight if variant["dpo"] else 0.0}},
+        "optimizer": {"lr": a.lr},
+        "schedule": {"max_steps": a.steps, "batch_size": a.batch_size, "type": "cosine",
+                     "warmup_steps": max(1, a.steps // 8)},
+        "lora": {"enabled": True, "r": a.lora_r, "alpha": 2 * a.lora_r},
+        "logging": {"progress": False, "plot": False},
+    }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def sandbox_metrics(model: Any, tok: Any, tasks: list[str], max_new_tokens: int) -> dict[str, float]:
+    """One greedy single-turn rollout per bundled task; infrastructure failures are left out, never 0."""
+    from composer_replication.datagen.rollout import HFPolicy, run_rollout
+    from composer_replication.datagen.tasks import bundled_tasks
+
+    all_tasks = bundled_tasks()
+    chosen = [all_tasks[t] for t in (tasks or sorted(all_tasks))]
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    policy = HFPolicy(model, tok, max_new_tokens=max_new_tokens, temperature=0.0)
+    policy.model_name = getattr(base.config, "_name_or_path", "student")
+    rewards = []
+    for task in chosen:
+        r = run_rollout(task, policy, max_turns=1)
+        if r.status == "ok" and r.reward is not None:
+            rewards.append(float(r.reward))
+    if not rewards:
+        return {}
+    return {
+        "sandbox_reward": sum(rewards) / len(rewards),
+        "sandbox_pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
+    }
+
+
+def measure(model, tok, sites, a) -> dict[str, Any]:
+    out = sites.measure(model, greedy=bool({"valid_rate", "tool_match_rate"} & set(a.metrics)))
+    if {"sandbox_reward", "sandbox_pass_rate"} & set(a.metrics):
+        tasks = [t for t in a.sandbox_tasks.split(",") if t]
+        out.update(sandbox_metrics(model, tok, tasks, 64))
+    return out
+
+
+def grpo_phase(model: Any, tok: Any, a: argparse.Namespace, seed: int, work: Path) -> Any:
+    """GRPO on the bundled sandbox tasks after the offline phase (the pipeline's online phase)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from composer_replication.config import build_config
+    from composer_replication.pipeline.grpo_phase import train_grpo_on_tasks
+
+    merged = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    start = work / f"grpo-start-{seed}"
+    merged.save_pretrained(start)
+    tok.save_pretrained(start)
+    cfg = build_config({
+        "mode": "grpo", "seed": seed, "model": {"path": str(start)}, "data": {"traces": str(work / "traces.jsonl")},
+        "optimizer": {"lr": 1e-5}, "schedule": {"max_steps": a.grpo_steps, "batch_size": 2},
+        "checkpoint": {"every_steps": 0}, "logging": {"progress": False, "plot": False},
+        "grpo": {"num_generations": 2, "max_completion_length": 48},
+    })  # fmt: skip
+    tasks = [t for t in a.sandbox_tasks.split(",") if t]
+    train_grpo_on_tasks(cfg, out_dir=work / f"grpo-{seed}", tasks=tasks, resume=False)
+    return AutoModelForCausalLM.from_pretrained(work / f"grpo-{seed}" / "final", dtype=torch.float32)
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def run_key(a: argparse.Namespace, name: str, seed: int, data_hash: str) -> str:
+    variant = VARIANTS[name]
+    settings = {k: v for k, v in vars(a).items() if k not in ("out", "seeds", "quick", "variants", "metrics")}
+    blob = json.dumps([name, variant, seed if variant else None, data_hash, settings, sorted(a.metrics)],
+                      sort_keys=True, default=str)  # fmt: skip
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work) -> dict[str, Any]:
+    import torch
+
+    from composer_replication.config import build_config
+    from composer_replication.trainer.offline import OfflineStepper
+    from composer_replication.trainer.offline_parts import apply_lora, seed_everything
+
+    variant = VARIANTS[name]
+    t0 = time.time()
+    if variant is None:
+        return {"metrics": _clean(measure(base, tok, sites, a)), "seconds": time.time() - t0, "channels": {}}
+    cfg = build_config(train_config(a, variant, seed, work))
+    seed_everything(seed, True)
+    model = apply_lora(copy.deepcopy(base), cfg)
+    model.train()
+    stepper = OfflineStepper(
+        cfg, model, tok, torch.device("cpu"), train_traces=train_traces, train_pairs=train_pairs
+    )
+    log = [stepper.step() for _ in range(cfg.schedule.max_steps)]
+    channels = {k: statistics.fmean(r.get(k, 0.0) for r in log) for k in log[0] if k.startswith("loss/")}
+    if variant.get("grpo"):
+        model = grpo_phase(model, tok, a, seed, work)
+    metrics = measure(model, tok, sites, a)
+    return {"metrics": _clean(metrics), "seconds": time.time() - t0, "channels": channels,
+            "first_loss": log[0]["loss/total"], "last_loss": log[-1]["loss/total"]}  # fmt: skip
+
+
+def _clean(m: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in m.items() if k != "answers"} | {"answers": m.get("answers", [])[:40]}
+
+
+def summarise(runs: dict[str, list[dict]], metrics: list[str]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for name, rs in runs.items():
+        out[name] = {}
+        for m in metrics:
+            vals = [r["metrics"][m] for r in rs if r["metrics"].get(m) is not None]
+            if vals:
+                std = statistics.stdev(vals) if len(vals) > 1 else 0.0
+                out[name][m] = {"mean": statistics.fmean(vals), "std": std, "n": len(vals)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    import torch
+
+    from composer_replication._io import JsonlAppender, atomic_write_json, read_jsonl
+    from composer_replication.trainer.offline_data import recovery_pairs
+    from composer_replication.trainer.offline_parts import load_model
+    from composer_replication.trainer.onpolicy import error_sites
+    from composer_replication.trainer.site_eval import SiteSet
+
+    t_start = time.time()
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = out.parent / (out.stem + ".work")
+    train_traces, _ = ingest(Path(a.train_sessions), work / "train")
+    eval_traces, eval_tools = ingest(Path(a.eval_sessions), work / "eval")
+    shared = {t["trace_id"] for t in train_traces} & {t["trace_id"] for t in eval_traces}
+    if shared:
+        fail(f"sessions on both sides: {sorted(shared)[:3]}; keep each session in one folder")
+    train_pairs = recovery_pairs(train_traces)
+    (work / "traces.jsonl").write_text("".join(json.dumps(t) + "\n" for t in train_traces))
+    (work / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in train_pairs))
+    data_hash = hashlib.sha256(
+        (work / "traces.jsonl").read_bytes() + json.dumps(eval_traces).encode()
+    ).hexdigest()
+
+    from composer_replication.config import build_config
+
+    base, tok = load_model(
+        build_config({"model": {"path": a.model}, "data": {"traces": str(work / "traces.jsonl")}}),
+        torch.device("cpu"),
+    )
+    sites = SiteSet(tok, error_sites(eval_traces), pairs=recovery_pairs(eval_traces), max_len=a.max_seq_len,
+                    max_new_tokens=a.max_new_tokens, tools_by_trace=eval_tools)  # fmt: skip
+    cache_path = out.with_suffix(".runs.jsonl")
+    cache = {r["key"]: r for r in read_jsonl(cache_path)} if cache_path.exists() else {}
+    runs: dict[str, list[dict]] = {}
+    with JsonlAppender(cache_path) as log:
+        for name in a.variants:
+            for seed in range(a.seeds if VARIANTS[name] else 1):
+                key = run_key(a, name, seed, data_hash)
+                if key not in cache:
+                    res = one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work)
+                    cache[key] = {"key": key, "variant": name, "seed": seed, **res}
+                    log.write(cache[key])
+                    print(f"{name} seed {seed}: {json.dumps({m: cache[key]['metrics'].get(m) for m in a.metrics})} "
+                          f"({res['seconds']:.0f}s)", flush=True)  # fmt: skip
+                runs.setdefault(name, []).append(cache[key])
+    config = {k: v for k, v in vars(a).items() if k not in ("out",)}
+    config.update(
+        n_sites=len(sites), n_eval_pairs=len(sites.pairs), n_train_traces=len(train_traces),
+        n_train_pairs=len(train_pairs), n_train_sites=len(error_sites(train_traces)),
+        runs_file=str(cache_path), seconds=round(time.time() - t_start, 1),
+        channels={n: rs[0].get("channels", {}) for n, rs in runs.items()},
+        grpo_builder="pipeline.grpo_phase.train_grpo_on_tasks (reward: tests pass 1/0; no shaped reward yet)",
+    )  # fmt: skip
+    atomic_write_json(out, {"variants": summarise(runs, a.metrics), "config": config})
+    print(f"wrote {out} in {time.time() - t_start:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Held-out site metrics against direct computations on the tiny model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from composer_replication.trainer.offline_data import recovery_pairs
+from composer_replication.trainer.onpolicy import error_sites, site_messages
+from composer_replication.trainer.site_eval import SiteSet, recovery_ids
+
+
+@pytest.fixture(scope="module")
+def traces(ingested):
+    return [json.loads(x) for x in (ingested / "traces.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_recovery_ce_is_the_mean_token_nll_of_the_recorded_recovery(traces, tiny_model, tiny_tokenizer):
+    sites = error_sites(traces)[:3]
+    ss = SiteSet(tiny_tokenizer, sites, max_len=200, max_recovery=16)
+    got = ss.measure(tiny_model, greedy=False)
+    nll, n = 0.0, 0
+    for s in sites:  # one unpadded forward per site, written out
+        msgs = site_messages(s, hinted=False)
+        rec = recovery_ids(tiny_tokenizer, msgs, s.recovery)[:16]
+        text = tiny_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        prompt = tiny_tokenizer(text, add_special_tokens=False)["input_ids"][-(200 - len(rec)) :]
+        ids = torch.tensor([prompt + rec])
+        with torch.no_grad():
+            logits = tiny_model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+        nll += float(F.cross_entropy(logits, torch.tensor(rec), reduction="sum"))
+        n += len(rec)
+    assert got["n_recovery_tokens"] == n
+    assert got["recovery_ce"] == pytest.approx(nll / n, rel=1e-5)
+    assert got["hinted_jsd"] > 0
+
+
+def test_jsd_is_zero_when_the_hint_adds_nothing(traces, tiny_model, tiny_tokenizer):
+    sites = error_sites(traces)[:2]
+    # a site whose "hinted" rendering equals the plain one: patch the hint into the history instead
+    same = [dataclasses.replace(s, hint="") for s in sites]
+    ss = SiteSet(tiny_tokenizer, same, max_len=160)
+    for r in ss.rows:
+        r.teacher = list(r.student)
+    assert ss.measure(tiny_model, greedy=False)["hinted_jsd"] == pytest.approx(0.0, abs=1e-7)
+
+
+def test_greedy_answers_and_rates(traces, tiny_model, tiny_tokenizer):
+    sites = error_sites(traces)[:4]
+    ss = SiteSet(tiny_tokenizer, sites, pairs=recovery_pairs(traces)[:3], max_len=160, max_new_tokens=5)
+    m = ss.measure(tiny_model)
+    assert m["n_sites"] == 4 and len(m["answers"]) == 4
+    for r, answer in zip(ss.rows, m["answers"], strict=True):
+        ids = torch.tensor([r.prompt])
+        ref = tiny_model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False,
+            pad_token_id=0, eos_token_id=tiny_tokenizer.eos_token_id,
+        )[0, ids.shape[1] :]  # fmt: skip
+        assert answer == tiny_tokenizer.decode(ref, skip_special_tokens=True)
+    assert 0 <= m["tool_match_rate"] <= m["valid_rate"] <= 1
+    assert m["n_pairs"] == 3 and m["pref_accuracy"] in (0.0, 1 / 3, 2 / 3, 1.0)
+
+
+def test_no_sites_is_an_error(tiny_tokenizer):
+    with pytest.raises(ValueError, match="no held-out error sites"):
+        SiteSet(tiny_tokenizer, [])
