@@ -230,7 +230,7 @@ def one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work) ->
 
 
 def _clean(m: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in m.items() if k != "answers"} | {"answers": m.get("answers", [])[:40]}
+    return {k: v for k, v in m.items() if k != "answers"} | {"answers": m.get("answers", [])[:40]}  # per_site kept
 
 
 def summarise(runs: dict[str, list[dict]], metrics: list[str]) -> dict[str, dict]:

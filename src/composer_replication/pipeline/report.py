@@ -227,6 +227,57 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _learning_html(d: dict[str, Any], m: Manifest) -> list[str]:
+    """The page's opening: held-out before/after (n, spread) and what each loss channel contributed."""
+    from composer_replication.pipeline.learning import channel_contributions, headline
+
+    esc = html.escape
+    out = ["<h2>What training did, on held-out sessions</h2>"]
+    sites = (d["eval"] or {}).get("sites")
+    lines, fell = headline(sites) if d["eval"] else (["Not evaluated yet."], [])
+    if fell:
+        out.append(
+            '<p class="warn"><strong>Training made these held-out metrics worse: '
+            f"{esc(', '.join(fell))}.</strong> The interval says whether the change is larger than "
+            "the spread over sites.</p>"
+        )
+    elif sites:
+        out.append("<p>No headline metric got worse on the held-out error sites.</p>")
+    out.append("<ul>" + "".join(f"<li>{esc(x)}</li>" for x in lines) + "</ul>")
+    loss = m.data.get("config", {}).get("train", {}).get("loss", {})
+    weights = {"lm_ce": 1.0, "sdpo_jsd": loss.get("sdpo", {}).get("weight", 0.0),
+               "trace_replay_dpo": loss.get("preference", {}).get("weight", 0.0)}  # fmt: skip
+    contrib = channel_contributions(d["offline_metrics"], weights)
+    if contrib:
+        out.append("<h3>Offline phase: what each loss channel contributed</h3>")
+        out.append(
+            _table(
+                [
+                    "channel",
+                    "weight",
+                    "mean loss",
+                    "weighted term",
+                    "share of total",
+                    "first step",
+                    "last step",
+                ],
+                [
+                    [
+                        c["channel"],
+                        f"{c['weight']:g}",
+                        f"{c['mean_loss']:.4f}",
+                        f"{c['weighted']:.4f}",
+                        f"{c['share_of_total']:.1%}",
+                        f"{c['first']:.4f}",
+                        f"{c['last']:.4f}",
+                    ]
+                    for c in contrib
+                ],
+            )  # fmt: skip
+        )
+    return out
+
+
 def _html(title: str, d: dict[str, Any], figs: list[tuple[str, str]]) -> str:
     esc = html.escape
     m: Manifest = d["manifest"]
@@ -250,6 +301,7 @@ def _html(title: str, d: dict[str, Any], figs: list[tuple[str, str]]) -> str:
     parts = [
         f"<h1>{esc(title)}</h1>",
         f"<p>Run directory <code>{esc(str(m.run_dir))}</code>, generated {esc(time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime()))}.</p>",
+        *_learning_html(d, m),
         "<h2>Stages</h2>",
         _table(["stage", "status", "summary", "error"], stage_rows),
         "<h2>Teacher spend</h2>",
@@ -277,6 +329,7 @@ def _html(title: str, d: dict[str, Any], figs: list[tuple[str, str]]) -> str:
         "body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}"
         "table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #ccc;padding:.2rem .5rem;font-size:.9rem;text-align:left}"
         "figure{display:inline-block;margin:.5rem}img{max-width:100%}code{background:#f3f3f3}"
+        ".warn{background:#fde8e8;border-left:4px solid #c0392b;padding:.4rem .6rem}"
     )
     # Records, once the page has loaded, how many images decoded: checked by the report test in headless Chromium.
     script = (

@@ -231,8 +231,16 @@ def _evaluate(ctx: RunContext) -> dict[str, Any]:
         result[phase] = {"model": str(model), **evaluate_sites(gen, sites, stop=ctx.stop)}
         if ec.sandbox_tasks:
             result[phase].update(sandbox_pass_rate(ctx, model))
+    from composer_replication.pipeline.learning import heldout_traces, site_comparison
+
+    result["sites"] = site_comparison(
+        heldout_traces(ctx.run_dir), student_dir(ctx), final_model_dir(ctx),
+        max_len=ctx.config.train.data.max_seq_len, max_new_tokens=ec.max_new_tokens,
+    )  # fmt: skip
     atomic_write_json(ctx.path("eval", "eval.json"), result)
-    out = {"sites": len(sites)}
+    out: dict[str, Any] = {"sites": len(sites)}
+    for m, v in ((result["sites"] or {}).get("metrics") or {}).items():
+        out[f"site_{m}"] = f"{v['before']:.4f}->{v['after']:.4f} (n={v['n']})"
     for phase in ("before", "after"):
         for k in ("valid_rate", "tool_match_rate", "exact_match_rate", "sandbox_pass_rate"):
             v = result[phase].get(k)
@@ -317,8 +325,12 @@ def build_stages() -> list[Stage]:
         ),
         Stage(
             "evaluate",
-            ("student", "evaluate", "grpo"),
-            lambda ctx: [ctx.path("split", "heldout_states.jsonl"), final_model_dir(ctx)],
+            ("student", "evaluate", "grpo", "train"),
+            lambda ctx: [
+                ctx.path("split", "heldout_states.jsonl"),
+                ctx.path("split", "train_traces.jsonl"),
+                final_model_dir(ctx),
+            ],
             _p("eval/eval.json"),
             _evaluate,
             description="held-out recovery and sandbox pass rate, before/after",

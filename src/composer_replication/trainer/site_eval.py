@@ -4,18 +4,20 @@ A site (``onpolicy.error_sites`` of held-out traces) is the history up to a fail
 for that failure and the recorded recovery (what the agent did next). :class:`SiteSet` tokenises the
 sites once; :meth:`SiteSet.measure` scores one model:
 
-- ``recovery_ce``: cross-entropy of the recorded recovery's tokens given the history (no hint), the mean
-  over all recovery tokens of all sites.
+- ``recovery_ce``: cross-entropy of the recorded recovery's tokens given the history (no hint): the mean
+  over the site's tokens, then over sites (every site counts once, however long its recovery).
 - ``hinted_jsd``: generalized JSD (beta 0.5) between the model without the hint and the same model given
-  the hint, on the same recovery tokens (token mean): how much of the hint the model has absorbed.
+  the hint, on the same recovery tokens (mean over tokens, then sites): how much of the hint the model
+  has absorbed.
 - ``valid_rate`` / ``tool_match_rate``: the greedy answer at the site, parsed with
   ``teacher_replay.actions`` and scored by ``pipeline.evaluate.score_action``: a well-formed action; and a
   well-formed action calling the same tools as the recorded recovery.
 - ``pref_accuracy``: over held-out recovery pairs (``offline_data.recovery_pairs``: the recovery chosen,
   the failed action rejected), the fraction whose chosen response has the higher mean token log-prob.
 
-Every quantity is a mean over sites (or tokens, or pairs) with its count in ``n_*``; nothing is sampled,
-so one model gives one number per metric and the spread comes from training seeds.
+Every quantity is a mean over sites (or pairs) with its count in ``n_*``, and ``per_site`` holds the
+per-site values (for paired before/after comparisons). Nothing is sampled: one model gives one number
+per metric, and the spread across models comes from training seeds.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class SiteSet:
         from composer_replication.opsd import generalized_jsd_loss
 
         dev = next(model.parameters()).device
-        ce_sum, jsd_sum, n = 0.0, 0.0, 0
+        ce, jsd_l, n = [], [], 0
         for i in range(0, len(self.rows), self.batch_size):
             chunk = self.rows[i : i + self.batch_size]
             s_ids, s_att = _pad([r.student for r in chunk], self.pad)
@@ -107,11 +109,15 @@ class SiteSet:
                 s_rows = s_log[b, ls - r.n_rec - 1 : ls - 1]  # the rows predicting the recovery tokens
                 t_rows = t_log[b, lt - r.n_rec - 1 : lt - 1]
                 labels = s_ids[b, ls - r.n_rec : ls].to(dev)
-                ce_sum -= float(token_logprobs(s_rows[None], labels[None]).sum())
-                jsd = generalized_jsd_loss(s_rows[None], t_rows[None], beta=0.5)
-                jsd_sum += float(jsd) * r.n_rec
+                ce.append(-float(token_logprobs(s_rows[None], labels[None]).mean()))
+                jsd_l.append(float(generalized_jsd_loss(s_rows[None], t_rows[None], beta=0.5)))
                 n += r.n_rec
-        return {"recovery_ce": ce_sum / n, "hinted_jsd": jsd_sum / n, "n_recovery_tokens": float(n)}
+        return {
+            "recovery_ce": sum(ce) / len(ce),
+            "hinted_jsd": sum(jsd_l) / len(jsd_l),
+            "n_recovery_tokens": float(n),
+            "per_site": {"recovery_ce": ce, "hinted_jsd": jsd_l},
+        }
 
     def greedy_answers(self, model: Any, eos_ids: Sequence[int]) -> list[str]:
         """The model's greedy answer at every site (batched, KV cache)."""
@@ -134,12 +140,14 @@ class SiteSet:
             score_action(a, {"student_action": r.site.recovery, "tools": r.tools})
             for a, r in zip(answers, self.rows, strict=True)
         ]
-        n = len(scores)
+        valid = [float(s["valid"]) for s in scores]
+        match = [float(s["tool_match"]) for s in scores]
         return {
-            "valid_rate": sum(s["valid"] for s in scores) / n,
-            "tool_match_rate": sum(s["tool_match"] for s in scores) / n,
-            "n_sites": float(n),
+            "valid_rate": sum(valid) / len(valid),
+            "tool_match_rate": sum(match) / len(match),
+            "n_sites": float(len(scores)),
             "answers": answers,
+            "per_site": {"valid_rate": valid, "tool_match_rate": match},
         }
 
     @torch.no_grad()
@@ -165,7 +173,9 @@ class SiteSet:
         try:
             out: dict[str, Any] = self._ce_jsd(model)
             if greedy:
-                out.update(self._actions(model))
+                actions = self._actions(model)
+                per_site = {**out["per_site"], **actions.pop("per_site")}
+                out.update(actions, per_site=per_site)
             if self.pairs:
                 out.update(self._pref(model))
         finally:
