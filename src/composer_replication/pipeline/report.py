@@ -249,32 +249,25 @@ def _learning_html(d: dict[str, Any], m: Manifest) -> list[str]:
                "trace_replay_dpo": loss.get("preference", {}).get("weight", 0.0)}  # fmt: skip
     contrib = channel_contributions(d["offline_metrics"], weights)
     if contrib:
-        out.append("<h3>Offline phase: what each loss channel contributed</h3>")
-        out.append(
-            _table(
-                [
-                    "channel",
-                    "weight",
-                    "mean loss",
-                    "weighted term",
-                    "share of total",
-                    "first step",
-                    "last step",
-                ],
-                [
-                    [
-                        c["channel"],
-                        f"{c['weight']:g}",
-                        f"{c['mean_loss']:.4f}",
-                        f"{c['weighted']:.4f}",
-                        f"{c['share_of_total']:.1%}",
-                        f"{c['first']:.4f}",
-                        f"{c['last']:.4f}",
-                    ]
-                    for c in contrib
-                ],
-            )  # fmt: skip
-        )
+        heads = [
+            "channel",
+            "weight",
+            "mean loss",
+            "weighted term",
+            "share of total",
+            "first step",
+            "last step",
+        ]
+        keys = ("mean_loss", "weighted", "share_of_total", "first", "last")
+        rows = [
+            [
+                c["channel"],
+                f"{c['weight']:g}",
+                *(f"{c[k]:.1%}" if k == "share_of_total" else f"{c[k]:.4g}" for k in keys),
+            ]
+            for c in contrib
+        ]
+        out += ["<h3>Offline phase: what each loss channel contributed</h3>", _table(heads, rows)]
     return out
 
 
