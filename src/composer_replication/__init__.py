@@ -7,13 +7,14 @@ never imports trl, httpx, torchft, data_juicer or a cloud SDK; a test checks ``s
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import Any
+
+from composer_replication._extras import is_available
 
 __version__ = "0.1.0"
 
 # True iff torchft is importable. Checked without importing it (torchft pulls in torch.distributed).
-_DILOCO_AVAILABLE: bool = importlib.util.find_spec("torchft") is not None
+_DILOCO_AVAILABLE: bool = is_available("torchft")
 
 _EXPORTS: dict[str, str] = {
     "compose_loss": "composer_replication.loss",

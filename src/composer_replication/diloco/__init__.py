@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from composer_replication._extras import MissingExtraError
+
 # torchft pulls in torch.distributed.tensor (~4 s of imports): resolve its names on first use (PEP 562),
 # so object-store replicas, which never touch torchft, start faster.
 _TORCHFT_NAMES = {
@@ -106,10 +108,8 @@ def make_diloco_outer_loop(
     """
     if "_TORCHFT_AVAILABLE" not in globals():
         _load_torchft()
-    if not globals()["_TORCHFT_AVAILABLE"]:
-        raise RuntimeError(
-            "make_diloco_outer_loop needs torchft: pip install 'composer-replication[torchft]' (torchft==0.2.0)"
-        )
+    if not globals()["_TORCHFT_AVAILABLE"]:  # the API reference promises RuntimeError here
+        raise RuntimeError(str(MissingExtraError("torchft", "torchft", "make_diloco_outer_loop")))
     import torch
 
     fragments = list(model_fragments)

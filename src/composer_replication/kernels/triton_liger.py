@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from composer_replication._extras import is_available, require
 from composer_replication.kernels.fused_linear import LMHead
 
 __all__ = ["available_backends", "gpu_fused_gjsd"]
@@ -25,19 +26,10 @@ def available_backends() -> list[str]:
     if not torch.cuda.is_available():
         return []
     found = []
-    try:
-        import triton  # noqa: F401
-        from trl.kernels.chunked_divergence import ChunkedDivergenceFunction  # noqa: F401
-
+    if is_available("triton") and is_available("trl"):
         found.append("trl")
-    except ImportError:
-        pass
-    try:
-        from liger_kernel.chunked_loss import LigerFusedLinearJSDLoss  # noqa: F401
-
+    if is_available("liger_kernel"):
         found.append("liger")
-    except ImportError:
-        pass
     return found
 
 
@@ -65,12 +57,13 @@ def gpu_fused_gjsd(
     """Mean generalized JSD over kept tokens from hidden states, with a GPU kernel backend.
 
     Raises:
-        ImportError: the backend's package is not installed (``pip install liger-kernel`` / ``trl``).
+        ImportError: the backend's package is not installed (the error names the extra).
         ValueError: unknown backend, or a head feature the backend lacks (bias, soft-capping for Liger).
     """
     teacher_head = teacher_head or head.detached()
     hs, ht, kept = _kept_rows(student_hidden, teacher_hidden, labels)
     if backend == "trl":
+        require("trl", "trl", purpose="backend='trl'")
         from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
 
         per_token, _ = ChunkedDivergenceFunction.apply(
@@ -79,10 +72,9 @@ def gpu_fused_gjsd(
         )  # fmt: skip
         return per_token.sum() / max(per_token.numel(), 1)
     if backend == "liger":
-        try:
-            from liger_kernel.chunked_loss import LigerFusedLinearJSDLoss
-        except ImportError as exc:
-            raise ImportError("backend='liger' needs Liger-Kernel: pip install liger-kernel") from exc
+        require("liger", purpose="backend='liger'")
+        from liger_kernel.chunked_loss import LigerFusedLinearJSDLoss
+
         if head.softcap is not None or head.bias is not None or teacher_head.bias is not None:
             raise ValueError("backend='liger' supports neither a head bias nor final-logit soft-capping")
         loss_fn = LigerFusedLinearJSDLoss(

@@ -17,23 +17,13 @@ from typing import Any
 
 from composer_replication._io import atomic_write_text, read_jsonl
 from composer_replication.pipeline.manifest import Manifest
+from composer_replication.trainer.plots import pyplot
 
 LOSS_KEYS = ("total", "lm_ce", "sdpo_jsd", "trace_replay_dpo", "loss")
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
     return list(read_jsonl(path)) if path.exists() else []
-
-
-def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ImportError("the report needs matplotlib: pip install 'composer-replication[plot]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _series(rows: list[dict[str, Any]], want: Any) -> dict[str, tuple[list[float], list[float]]]:
@@ -148,7 +138,7 @@ def write_report(run_dir: str | Path, *, title: str = "composer-replication run"
     run_dir = Path(run_dir)
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    plt = _pyplot()
+    plt = pyplot("the report")
     d = collect(run_dir)
     figs: list[tuple[str, str]] = []
 

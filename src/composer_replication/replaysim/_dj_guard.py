@@ -8,6 +8,8 @@ with the package's name and the pip command to run, before any data-juicer op is
 
 from __future__ import annotations
 
+from composer_replication._extras import MissingExtraError, require
+
 _MARK = "_composer_replication_guard"
 
 
@@ -30,12 +32,11 @@ setattr(_refuse, _MARK, True)
 def install_guard() -> None:
     """Patch ``data_juicer.utils.lazy_loader.LazyLoader._install_package`` (idempotent)."""
     try:
-        from data_juicer.utils.lazy_loader import LazyLoader
-    except ImportError as exc:
-        raise RuntimeError(
-            "data-juicer is not importable; install the extra: pip install torch==2.13.0 "
-            "'composer-replication[data-juicer]'"
-        ) from exc
+        require("data-juicer", purpose="the data-juicer normalizer")
+    except MissingExtraError as exc:
+        raise RuntimeError(str(exc)) from exc  # the API reference promises RuntimeError here
+    from data_juicer.utils.lazy_loader import LazyLoader
+
     current = LazyLoader.__dict__.get("_install_package")
     if getattr(getattr(current, "__func__", None), _MARK, False):
         return

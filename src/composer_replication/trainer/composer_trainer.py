@@ -28,12 +28,17 @@ from typing import Any
 
 import torch
 
+from composer_replication._extras import is_available, require
 from composer_replication.trainer import pair_tokens
 
-try:
+if is_available("trl"):
     from trl import GRPOTrainer
-except ImportError:  # the module imports without TRL; instantiation then fails in object.__init__
-    GRPOTrainer = object  # type: ignore[assignment,misc]
+else:  # the module imports without TRL; building the trainer names the extra to install
+
+    class GRPOTrainer:  # type: ignore[no-redef]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            require("trl", "trl", purpose="ComposerReplicationTrainer")
+
 
 logger = logging.getLogger(__name__)
 

@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from composer_replication._extras import require
 
 CHANNELS = ("loss/total", "loss/lm_ce", "loss/sdpo_jsd", "loss/trace_replay_dpo")
+
+
+def pyplot(purpose: str = "plots") -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (no display); the error names the ``plot`` extra."""
+    require("plot", "matplotlib", purpose=purpose)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot_losses(
     metrics_path: str | Path, png_path: str | Path, keys: tuple[str, ...] = CHANNELS
 ) -> Path | None:
     """Plot each channel against the step, one panel per channel; returns the PNG path (None if no rows)."""
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise ImportError("plots need matplotlib: pip install 'composer-replication[plot]'") from exc
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     from composer_replication._io import atomic_open, read_jsonl
 
     rows = list(read_jsonl(metrics_path))

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from composer_replication._extras import require
+
 # The distinguishing diagnostic that shows each preset's knob engaged (TRL metric names).
 DIAGNOSTICS: dict[str, str] = {
     "grpo": "clip_ratio/region_mean",
@@ -59,10 +61,9 @@ _NORMALISE = {"scale_rewards": {True: "group", False: "none"}}
 
 
 def _grpo_config_cls():
-    try:
-        from trl import GRPOConfig
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError("make_po_config needs TRL: pip install 'composer-replication[trl]'") from exc
+    require("trl", "trl", purpose="make_po_config")
+    from trl import GRPOConfig
+
     return GRPOConfig
 
 

@@ -7,20 +7,20 @@ missing fails at start with the pip command, not half-way through a run.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
+
+from composer_replication._extras import require
 
 SUPPORTED = ("tensorboard", "wandb", "trackio")
 
 
 class _Tensorboard:
     def __init__(self, out_dir: Path, config: dict) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:
-            raise ImportError(
-                "report_to=tensorboard needs the tensorboard package: pip install tensorboard"
-            ) from exc
+        require("tensorboard", purpose="report_to=tensorboard")
+        from torch.utils.tensorboard import SummaryWriter
+
         self.writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
 
     def log(self, row: dict[str, Any], step: int) -> None:
@@ -36,10 +36,8 @@ class _WandbLike:
     """wandb and trackio share ``init(project=, config=)`` / ``log(dict, step=)`` / ``finish()``."""
 
     def __init__(self, name: str, out_dir: Path, config: dict) -> None:
-        try:
-            self.mod = __import__(name)
-        except ImportError as exc:
-            raise ImportError(f"report_to={name} needs the {name} package: pip install {name}") from exc
+        require(name, purpose=f"report_to={name}")
+        self.mod = importlib.import_module(name)
         self.mod.init(project="composer-replication", name=out_dir.name, config=config)
 
     def log(self, row: dict[str, Any], step: int) -> None:

@@ -16,17 +16,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-try:
-    import cloudpickle
-    from monarch.actor import Actor, current_rank, endpoint, this_host
-except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError("the Monarch recipe needs: pip install 'composer-replication[monarch]'") from e
+from composer_replication._extras import require
+from composer_replication.safety.kill_switch import KillSwitch, KillSwitchTriggered
+
+require("monarch", purpose="the Monarch recipe")
+import cloudpickle  # noqa: E402
+from monarch.actor import Actor, current_rank, endpoint, this_host  # noqa: E402
+
 if not hasattr(cloudpickle.cloudpickle, "_function_getstate"):  # monarch panics deep in Rust otherwise
     raise ImportError(
         f"torchmonarch needs cloudpickle >= 3 (found {cloudpickle.__version__}): pip install 'cloudpickle>=3'"
     )
-
-from composer_replication.safety.kill_switch import KillSwitch, KillSwitchTriggered
 
 
 class RolloutWorker(Actor):

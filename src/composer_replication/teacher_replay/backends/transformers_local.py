@@ -10,6 +10,8 @@ import asyncio
 import threading
 from typing import Any
 
+from composer_replication._extras import require
+
 from .base import ChatRequest, ChatResponse, TeacherError
 
 _MODELS: dict[str, tuple[Any, Any]] = {}
@@ -19,12 +21,9 @@ _LOAD_LOCK = threading.Lock()
 def _load(model_path: str) -> tuple[Any, Any]:
     with _LOAD_LOCK:
         if model_path not in _MODELS:
-            try:
-                from transformers import AutoModelForCausalLM, AutoTokenizer
-            except ImportError as exc:
-                raise ImportError(
-                    "the transformers teacher backend needs: pip install 'composer-replication[hf]'"
-                ) from exc
+            require("hf", "transformers", purpose="the transformers teacher backend")
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
             tok = AutoTokenizer.from_pretrained(model_path)
             model = AutoModelForCausalLM.from_pretrained(model_path)
             model.eval()
