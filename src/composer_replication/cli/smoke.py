@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from composer_replication.batch import VARIANTS, build_batch
     from composer_replication.distillation import TAIDScheduler
     from composer_replication.loss import compose_loss
-    from composer_replication.models import build_tiny_model, build_tiny_tokenizer, load_default_model
+    from composer_replication.models import load_model_and_tokenizer
 
     if args.steps < 1:
         raise ValueError(f"--steps {args.steps}: pass at least 1")
@@ -50,13 +50,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     t0 = time.perf_counter()
-    if args.tiny:
-        tokenizer = build_tiny_tokenizer(2048)
-        model = build_tiny_model(tokenizer=tokenizer, seed=args.seed)
-        name = "tiny random qwen2"
-    else:
-        model, tokenizer = load_default_model()
-        name = "SmolLM2-135M-Instruct"
+    model, tokenizer = load_model_and_tokenizer("tiny" if args.tiny else "default", seed=args.seed)
+    name = "tiny random qwen2" if args.tiny else "SmolLM2-135M-Instruct"
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(device)
     lr = args.lr if args.lr is not None else (1e-3 if args.tiny else 5e-5)

@@ -7,37 +7,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from composer_replication.models import resolve_model
 from composer_replication.pipeline.config import ModelSpec
 from composer_replication.pipeline.runner import RunContext
 
 # ----------------------------------------------------------------------------- models
-
-
-def resolve_model(name: str, seed: int, models_dir: Path) -> Path:
-    """A local model directory for ``default`` / ``tiny`` / a path / a cached HF id."""
-    if name == "default":
-        from composer_replication.models import resolve_default_model
-
-        return resolve_default_model()
-    if name == "tiny":
-        target = models_dir / f"tiny-seed{seed}"
-        if not (target / "config.json").exists():
-            from composer_replication.models import build_tiny_model, build_tiny_tokenizer, save_tiny_pair
-
-            tok = build_tiny_tokenizer(2048)
-            save_tiny_pair(target, build_tiny_model(tokenizer=tok, seed=seed), tok)
-        return target
-    p = Path(name).expanduser()
-    if p.exists():
-        return p
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception:
-        raise FileNotFoundError(
-            f"model {name!r}: not a local directory and not in the Hugging Face cache (nothing is downloaded at run time)"
-        ) from None
 
 
 def student_dir(ctx: RunContext) -> Path:

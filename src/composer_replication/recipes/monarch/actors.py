@@ -44,10 +44,9 @@ class RolloutWorker(Actor):
         if self.model_dir is None:
             return oracle_policy(task)
         if self._policy is None:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from composer_replication.models import load_model_and_tokenizer
 
-            model = AutoModelForCausalLM.from_pretrained(self.model_dir)
-            self._policy = HFPolicy(model, AutoTokenizer.from_pretrained(self.model_dir), max_new_tokens=64)
+            self._policy = HFPolicy(*load_model_and_tokenizer(self.model_dir), max_new_tokens=64)
         return self._policy
 
     @endpoint
@@ -103,11 +102,11 @@ class TrainerActor(Actor):
 
     def __init__(self, model_dir: str, lr: float = 1e-3) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from composer_replication.models import load_model_and_tokenizer
 
         torch.manual_seed(0)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir)
+        self.model, self.tokenizer = load_model_and_tokenizer(model_dir)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
         self.steps = 0
 

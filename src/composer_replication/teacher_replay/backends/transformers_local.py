@@ -22,10 +22,9 @@ def _load(model_path: str) -> tuple[Any, Any]:
     with _LOAD_LOCK:
         if model_path not in _MODELS:
             require("hf", "transformers", purpose="the transformers teacher backend")
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from composer_replication.models import load_model_and_tokenizer
 
-            tok = AutoTokenizer.from_pretrained(model_path)
-            model = AutoModelForCausalLM.from_pretrained(model_path)
+            model, tok = load_model_and_tokenizer(model_path)
             model.eval()
             _MODELS[model_path] = (model, tok)
         return _MODELS[model_path]
