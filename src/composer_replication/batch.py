@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from composer_replication.encoding import pad_id, stack_prompt_response
+
 __all__ = ["build_batch", "VARIANTS"]
 
 VARIANTS = ("factorial", "binary_search")
@@ -122,23 +124,6 @@ def _encode(tokenizer: Any, messages: list[dict[str, str]], response: str) -> tu
     return enc(prompt), enc(full[len(prompt) :])
 
 
-def _pad(rows: list[list[int]], length: int, value: int, left: bool) -> torch.Tensor:
-    return torch.tensor(
-        [[value] * (length - len(r)) + r if left else r + [value] * (length - len(r)) for r in rows]
-    )
-
-
-def _stack(
-    seqs: list[tuple[list[int], list[int]]], pad_id: int, length: int | None = None, left: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ids, response mask, attention mask) for ``[(prompt_ids, response_ids), ...]``."""
-    length = length or max(len(p) + len(r) for p, r in seqs)
-    ids = _pad([p + r for p, r in seqs], length, pad_id, left)
-    resp = _pad([[0] * len(p) + [1] * len(r) for p, r in seqs], length, 0, left)
-    attn = _pad([[1] * (len(p) + len(r)) for p, r in seqs], length, 0, left)
-    return ids, resp, attn
-
-
 def build_batch(
     tokenizer: Any,
     *,
@@ -170,7 +155,7 @@ def build_batch(
         raise ValueError(
             "the tokenizer has no chat_template; set tokenizer.chat_template (e.g. a ChatML template)"
         )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    pad = pad_id(tokenizer)
     rng = random.Random(seed)
     rows = [_SCENARIOS[variant](rng) for _ in range(batch_size)]
 
@@ -186,10 +171,10 @@ def build_batch(
         rejected.append(_encode(tokenizer, row["pair_state"], row["rejected"]))
 
     common = max(len(p) + len(r) for p, r in student + teacher) if align_sdpo_shapes else None
-    ids, resp, attn = _stack(student, pad_id, common, left=align_sdpo_shapes)
-    t_ids, t_resp, t_attn = _stack(teacher, pad_id, common, left=align_sdpo_shapes)
-    c_ids, c_resp, c_attn = _stack(chosen, pad_id)
-    r_ids, r_resp, r_attn = _stack(rejected, pad_id)
+    ids, resp, attn = stack_prompt_response(student, pad, length=common, left=align_sdpo_shapes)
+    t_ids, t_resp, t_attn = stack_prompt_response(teacher, pad, length=common, left=align_sdpo_shapes)
+    c_ids, c_resp, c_attn = stack_prompt_response(chosen, pad)
+    r_ids, r_resp, r_attn = stack_prompt_response(rejected, pad)
     batch = {
         "input_ids": ids,
         "response_mask": resp,

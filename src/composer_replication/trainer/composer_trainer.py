@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from composer_replication import encoding
 from composer_replication._extras import is_available, require
 from composer_replication.trainer import pair_tokens
 
@@ -172,7 +173,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     def _tokenize_prompt(self, prompt: Any) -> list[int]:
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)
-        return pair_tokens.render_prompt_ids(tok, prompt)
+        return encoding.render_prompt_ids(tok, prompt)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         out = super()._generate_and_score_completions(inputs)
@@ -180,7 +181,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             self._apply_k1_in_reward(out)
         mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        pad = encoding.pad_id(tok)
         if self.alpha_sdpo > 0:
             hints = self._row_hints(inputs)
             if any(hints):
@@ -188,8 +189,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
                     self._tokenize_prompt(self._prompt_with_hint(x["prompt"], h) if h else x["prompt"])
                     for x, h in zip(inputs, hints)
                 ]
-                ids = pair_tokens.pad_2d(rows, pad, left=True)
-                pmask = pair_tokens.pad_2d([[1] * len(r) for r in rows], 0, left=True)
+                ids = encoding.pad_rows(rows, pad, left=True)
+                pmask = encoding.pad_rows([[1] * len(r) for r in rows], 0, left=True)
                 row_on = torch.tensor([float(h is not None) for h in hints], device=mask.device)
                 out["sdpo_prompt_ids"] = ids.to(mask.device)
                 out["sdpo_prompt_mask"] = pmask.to(mask.device)

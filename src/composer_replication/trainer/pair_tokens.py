@@ -13,7 +13,9 @@ import dataclasses
 import hashlib
 from typing import Any
 
-import torch
+from composer_replication.encoding import encode_response, pad_id, pad_rows, render_prompt_ids
+
+__all__ = ["encode_pairs", "pair_fields"]
 
 
 def pair_fields(pair: Any) -> tuple[str, list[dict], str, str]:
@@ -39,42 +41,9 @@ def pair_fields(pair: Any) -> tuple[str, list[dict], str, str]:
     return pair_id, messages, str(chosen), str(rejected)
 
 
-def render_prompt_ids(tokenizer: Any, messages: list[dict] | str) -> list[int]:
-    """Chat-template ``messages`` (with the generation prompt) into token ids; plain text passes through."""
-    if isinstance(messages, str):
-        text = messages
-    else:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def encode_response(
-    tokenizer: Any, prompt_ids: list[int], response: str, max_len: int
-) -> tuple[list[int], list[int]]:
-    """``prompt + response + eos`` ids and a mask that is 1 on the response (and eos) tokens."""
-    eos = tokenizer.eos_token or ""
-    resp = list(tokenizer(response + eos, add_special_tokens=False)["input_ids"])[:max_len]
-    keep = max(0, max_len - len(resp))
-    prompt = prompt_ids[-keep:] if keep else []
-    return prompt + resp, [0] * len(prompt) + [1] * len(resp)
-
-
-def pad_2d(rows: list[list[int]], pad: int, *, left: bool = False) -> torch.Tensor:
-    """Pad ragged rows to one ``(B, T)`` long tensor (right padding unless ``left``)."""
-    width = max((len(r) for r in rows), default=0) or 1
-    out = torch.full((len(rows), width), pad, dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            if left:
-                out[i, width - len(r) :] = torch.tensor(r)
-            else:
-                out[i, : len(r)] = torch.tensor(r)
-    return out
-
-
 def encode_pairs(tokenizer: Any, pairs: list[Any], max_len: int = 2048) -> dict[str, Any]:
     """Batch of pairs -> the loss seam's ``dpo_*`` keys (right-padded) plus ``pair_ids`` (a list)."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad = pad_id(tokenizer)
     ids = {"chosen": [], "rejected": []}
     masks = {"chosen": [], "rejected": []}
     pair_ids = []
@@ -88,6 +57,6 @@ def encode_pairs(tokenizer: Any, pairs: list[Any], max_len: int = 2048) -> dict[
         pair_ids.append(pid)
     out: dict[str, Any] = {"pair_ids": pair_ids}
     for side in ("chosen", "rejected"):
-        out[f"dpo_{side}_input_ids"] = pad_2d(ids[side], pad)
-        out[f"dpo_{side}_response_mask"] = pad_2d(masks[side], 0)
+        out[f"dpo_{side}_input_ids"] = pad_rows(ids[side], pad)
+        out[f"dpo_{side}_response_mask"] = pad_rows(masks[side], 0)
     return out
