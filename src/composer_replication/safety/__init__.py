@@ -12,8 +12,17 @@ from composer_replication.safety.kill_switch import (
     KillSwitch,
     KillSwitchTriggered,
 )
+from composer_replication.safety.stop import Stop, as_stop
 
-__all__ = ["BENIGN_VIOLATIONS", "EXIT_KILL_SWITCH", "KillSwitch", "KillSwitchCallback", "KillSwitchTriggered"]
+__all__ = [
+    "BENIGN_VIOLATIONS",
+    "EXIT_KILL_SWITCH",
+    "KillSwitch",
+    "KillSwitchCallback",
+    "KillSwitchTriggered",
+    "Stop",
+    "as_stop",
+]
 
 
 def __getattr__(name: str):

@@ -1,4 +1,4 @@
-"""`KillSwitchCallback`: feeds HF Trainer / TRL logs into a `KillSwitch` and stops training with a checkpoint.
+"""`KillSwitchCallback`: feeds HF Trainer / TRL logs into a `Stop` (a `KillSwitch`) and stops training with a checkpoint.
 
 On a trigger the callback sets ``control.should_save`` and ``control.should_training_stop``: the Trainer
 writes a checkpoint (even under ``save_strategy="no"``) and leaves ``train()`` normally. The caller then
@@ -20,16 +20,17 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from composer_replication.safety.kill_switch import KillSwitch, KillSwitchTriggered
+from composer_replication.safety.kill_switch import KillSwitchTriggered
+from composer_replication.safety.stop import Stop, as_stop
 
 _KEYS = {"loss": "loss", "grad_norm": "grad_norm", "kl": "kl", "reward": "reward", "spend_usd": "spend_usd"}
 
 
 class KillSwitchCallback(TrainerCallback):
-    """Polls ``switch`` after every step and every log; on a reason, checkpoint and stop (module docstring)."""
+    """Polls ``stop`` after every step and every log; on a reason, checkpoint and stop (module docstring)."""
 
-    def __init__(self, switch: KillSwitch) -> None:
-        self.switch = switch
+    def __init__(self, stop: Stop) -> None:
+        self.stop = as_stop(stop)
         self.reason: str | None = None
         self.checkpoint_step: int | None = None
 
@@ -42,7 +43,7 @@ class KillSwitchCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
-        if (reason := self.switch.should_stop()) is not None:
+        if (reason := self.stop()) is not None:
             return self._stop(reason, state, control)
         return control
 
@@ -50,7 +51,7 @@ class KillSwitchCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs=None, **kw: Any
     ):
         metrics = {k: logs[src] for src, k in _KEYS.items() if logs and src in logs}
-        reason = self.switch.observe(step=state.global_step, **metrics) or self.switch.should_stop()
+        reason = self.stop.observe(step=state.global_step, **metrics) or self.stop()
         if reason is not None:
             return self._stop(reason, state, control)
         return control

@@ -15,6 +15,9 @@ returned by `KillSwitch.should_stop` from then on):
 - **operator**: a STOP file appears (``stop_file``), or SIGTERM / SIGINT arrives (handlers set a flag and
   are restored on `close`; a second SIGINT falls through to the previous handler).
 
+A `KillSwitch` is a `safety.stop.Stop`: loops take it as ``stop=`` and call ``stop()`` between steps and
+``stop.observe(...)`` with what they see (metrics; ``violation=(kind, detail)`` for a sandbox policy hit).
+
 What is not covered: the switch is cooperative — loops must poll it (``stop=kill_switch`` or
 ``kill_switch.check()``) between steps; it cannot interrupt a step in flight or a hung C call.
 On a trigger, the owner checkpoints, then raises `KillSwitchTriggered`; CLIs exit with
@@ -114,13 +117,18 @@ class KillSwitch:
 
     # ----------------------------------------------------------------- inputs
     def observe(self, **metrics: Any) -> str | None:
-        """Feed metrics (``step``, ``loss``, ``grad_norm``, ``kl``, ``reward``, ``spend_usd``, ...).
+        """Feed metrics (``step``, ``loss``, ``grad_norm``, ``kl``, ``reward``, ``spend_usd``, ...) or a
+        sandbox ``violation=(kind, detail)`` (see `record_violation`).
 
         Unknown keys are ignored; missing keys are not checked. Returns the reason if this (or an earlier)
         observation triggered the switch, else None.
         """
         if "step" in metrics and metrics["step"] is not None:
             self.step = int(metrics["step"])
+        if (violation := metrics.get("violation")) is not None:
+            kind, detail = violation
+            if reason := self.record_violation(kind, detail):
+                return reason
         for key in ("loss", "grad_norm", "kl"):
             value = metrics.get(key)
             if value is not None and not _finite(float(value)):

@@ -18,6 +18,7 @@ from typing import Any
 
 from composer_replication._extras import require
 from composer_replication.safety.kill_switch import KillSwitch, KillSwitchTriggered
+from composer_replication.safety.stop import Stop, as_stop
 
 require("monarch", purpose="the Monarch recipe")
 import cloudpickle  # noqa: E402
@@ -168,15 +169,17 @@ def run_pipeline_step(
     rollout_procs: int = 2,
     policy_dir: str | Path | None = None,
     teachers: list[dict[str, Any]] | None = None,
+    stop: Stop | None = None,
     kill_switch: KillSwitch | None = None,
 ) -> dict[str, Any]:
     """Spawn local meshes and run one rollout -> ingest/replay -> train step. Returns what each stage did.
 
     ``policy_dir`` None rolls out with the tasks' oracle (scripted) policy, so the step has successes to
-    learn from; pass the trainer's model dir to roll out the model itself.
+    learn from; pass the trainer's model dir to roll out the model itself. ``stop`` (a `KillSwitch`;
+    ``kill_switch`` is its older name) is polled between stages and fed the training step's metrics.
     """
     out_dir = Path(out_dir)
-    stop = kill_switch or (lambda: None)
+    stop = as_stop(stop, kill_switch=kill_switch)
     if (reason := stop()) is not None:
         raise KillSwitchTriggered(reason)
     workers = this_host().spawn_procs(per_host={"procs": rollout_procs})
@@ -199,10 +202,7 @@ def run_pipeline_step(
         if (reason := stop()) is not None:
             raise KillSwitchTriggered(reason)
         metrics = trainer.train_step.call_one(examples).get()
-        if kill_switch is not None:
-            kill_switch.observe(
-                step=metrics.get("step"), loss=metrics.get("loss"), grad_norm=metrics.get("grad_norm")
-            )
+        stop.observe(step=metrics.get("step"), loss=metrics.get("loss"), grad_norm=metrics.get("grad_norm"))
         checkpoint = trainer.save.call_one(str(out_dir / "checkpoint")).get()
         if (reason := stop()) is not None:
             raise KillSwitchTriggered(reason)

@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 model_dir,
                 policy_dir=model_dir if args.policy == "model" else None,
                 teachers=[teacher],
-                kill_switch=switch,
+                stop=switch,
             )
         except KillSwitchTriggered as e:
             print(f"stopped: {e.reason}", file=sys.stderr)
