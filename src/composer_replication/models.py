@@ -290,6 +290,15 @@ def resolve_model(
     return cached
 
 
+def load_causal_lm(name: str | os.PathLike[str], *, dtype: Any = None) -> Any:
+    """The causal LM in a model directory (or ``default``, or a cached id), weights in ``dtype`` (float32)."""
+    require("hf", "transformers")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(resolve_model(name), dtype=dtype or torch.float32)
+
+
 def load_model_and_tokenizer(
     name: str | os.PathLike[str], *, seed: int = 0, dtype: Any = None
 ) -> tuple[Any, Any]:
@@ -297,15 +306,9 @@ def load_model_and_tokenizer(
 
     Weights load in ``dtype`` (float32 by default); the tokenizer always has a pad token.
     """
-    require("hf", "transformers")
-    import torch
-
     if name == "tiny":
         tok = build_tiny_tokenizer(2048)
         model = build_tiny_model(tokenizer=tok, seed=seed)
         return (model if dtype is None else model.to(dtype=dtype)), tok
-    from transformers import AutoModelForCausalLM
-
     path = resolve_model(name)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
-    return model, load_tokenizer(path)
+    return load_causal_lm(path, dtype=dtype), load_tokenizer(path)

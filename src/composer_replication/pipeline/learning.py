@@ -49,22 +49,18 @@ def site_comparison(
     traces: list[dict], before_dir: Path, after_dir: Path, *, max_len: int, max_new_tokens: int
 ) -> dict[str, Any] | None:
     """Paired before/after site metrics of two saved models (None when the traces hold no error site)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from composer_replication.models import load_causal_lm, load_tokenizer
     from composer_replication.trainer.onpolicy import error_sites
     from composer_replication.trainer.site_eval import SiteSet
 
     sites = error_sites(traces)
     if not sites:
         return None
-    tok = AutoTokenizer.from_pretrained(after_dir)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    tok = load_tokenizer(after_dir)
     ss = SiteSet(tok, sites, max_len=max_len, max_new_tokens=max_new_tokens)
     per: dict[str, dict[str, list[float]]] = {}
     for phase, d in (("before", before_dir), ("after", after_dir)):
-        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+        model = load_causal_lm(d)
         per[phase] = ss.measure(model)["per_site"]
         del model
     return {

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from composer_replication._extras import require
 from composer_replication.config import TrainConfig
 from composer_replication.trainer import pair_tokens
 
@@ -26,18 +27,7 @@ def load_model(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
         cfg.model.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
     ):
         dtype = torch.bfloat16
-    if cfg.model.path == "tiny":
-        tok = models.build_tiny_tokenizer(2048)
-        model = models.build_tiny_model(tokenizer=tok, seed=cfg.seed)
-    elif cfg.model.path == "default":
-        model, tok = models.load_default_model()
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(cfg.model.path)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    model, tok = models.load_model_and_tokenizer(cfg.model.path, seed=cfg.seed)
     model.to(device=device, dtype=dtype)
     return apply_lora(model, cfg), tok
 
@@ -46,10 +36,9 @@ def apply_lora(model: Any, cfg: TrainConfig) -> Any:
     """``model`` wrapped in a fresh PEFT LoRA adapter when ``cfg.lora.enabled``, else ``model``."""
     if not cfg.lora.enabled:
         return model
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as exc:
-        raise ImportError("LoRA needs PEFT: pip install 'composer-replication[trl]'") from exc
+    require("trl", "peft", purpose="LoRA")
+    from peft import LoraConfig, get_peft_model
+
     lcfg = LoraConfig(
         r=cfg.lora.r,
         lora_alpha=cfg.lora.alpha,

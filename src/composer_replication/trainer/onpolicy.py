@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from composer_replication import encoding
+
 
 @dataclass(frozen=True)
 class ErrorSite:
@@ -85,9 +87,7 @@ def site_messages(site: ErrorSite, *, hinted: bool) -> list[dict]:
 
 def prompt_ids(tok: Any, messages: list[dict], max_len: int) -> list[int]:
     """Token ids of ``messages`` plus the generation prompt, oldest tokens dropped beyond ``max_len``."""
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    return list(ids[-max_len:])
+    return encoding.render_prompt_ids(tok, messages)[-max_len:]
 
 
 @torch.no_grad()
@@ -109,13 +109,8 @@ def sample(
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
-        attn[i, width - len(p) :] = 1
-    ids, attn = ids.to(dev), attn.to(dev)
+    ids = encoding.pad_rows(prompts, pad_id, left=True).to(dev)
+    attn = encoding.pad_rows([[1] * len(p) for p in prompts], 0, left=True).to(dev)
     pos = (attn.cumsum(-1) - 1).clamp_min(0)
     eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=dev)
     out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
@@ -168,20 +163,15 @@ def sdpo_batch(
     rows = [(s, t, x) for s, t, x in zip(student_prompts, teacher_prompts, samples, strict=True) if x]
     if not rows:
         return None
-
-    def pad(seqs: list[list[int]], value: int) -> torch.Tensor:
-        width = max(len(q) for q in seqs)
-        return torch.tensor([q + [value] * (width - len(q)) for q in seqs], dtype=torch.long)
-
-    s_ids = [s + x for s, _, x in rows]
-    t_ids = [t + x for _, t, x in rows]
+    s_ids, s_mask, s_attn = encoding.stack_prompt_response([(s, x) for s, _, x in rows], pad_id)
+    t_ids, t_mask, t_attn = encoding.stack_prompt_response([(t, x) for _, t, x in rows], pad_id)
     return {
-        "input_ids": pad(s_ids, pad_id),
-        "attention_mask": pad([[1] * len(q) for q in s_ids], 0),
-        "sdpo_student_mask": pad([[0] * len(s) + [1] * len(x) for s, _, x in rows], 0),
-        "ctx_teacher_input_ids": pad(t_ids, pad_id),
-        "ctx_teacher_attention_mask": pad([[1] * len(q) for q in t_ids], 0),
-        "sdpo_loss_mask": pad([[0] * len(t) + [1] * len(x) for _, t, x in rows], 0),
+        "input_ids": s_ids,
+        "attention_mask": s_attn,
+        "sdpo_student_mask": s_mask,
+        "ctx_teacher_input_ids": t_ids,
+        "ctx_teacher_attention_mask": t_attn,
+        "sdpo_loss_mask": t_mask,
     }
 
 

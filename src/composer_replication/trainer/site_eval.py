@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from composer_replication.encoding import pad_rows
 from composer_replication.trainer.onpolicy import ErrorSite, prompt_ids, sample, site_messages
 
 METRICS = ("recovery_ce", "hinted_jsd", "valid_rate", "tool_match_rate", "pref_accuracy")
@@ -184,7 +185,4 @@ class SiteSet:
 
 
 def _pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], dtype=torch.long)
-    att = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs], dtype=torch.long)
-    return ids, att
+    return pad_rows(seqs, pad), pad_rows([[1] * len(s) for s in seqs], 0)
