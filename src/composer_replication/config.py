@@ -198,7 +198,8 @@ class TrainConfig(_Model):
         return self
 
 
-def _read(path: Path) -> dict[str, Any]:
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML, TOML or JSON file (``ConfigError`` for another suffix or a non-mapping)."""
     text = path.read_text(encoding="utf-8")
     suffix = path.suffix.lower()
     if suffix in (".yaml", ".yml"):
@@ -226,13 +227,14 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
+def format_validation_error(exc: ValidationError, source: str, *, docs: str = "docs/training.md") -> str:
+    """One line per bad field, each naming its dotted location; ``docs`` is where the fields are listed."""
     lines = [f"{source}: invalid config ({exc.error_count()} error(s)):"]
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see docs/training.md for the fields)"
+            msg = f"unknown key (check the spelling; see {docs} for the fields)"
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 
@@ -258,7 +260,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
-    data = _read(path)
+    data = read_config_file(path)
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
     return build_config(data, source=str(path), base_dir=path.parent.resolve())

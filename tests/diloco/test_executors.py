@@ -12,6 +12,7 @@ import pytest
 
 from composer_replication.diloco.serverless import (
     DEFAULT_ENTRYPOINT,
+    ReplicaFailedError,
     ReplicaHandle,
     ServerlessExecutor,
     get_executor,
@@ -62,7 +63,7 @@ def test_sagemaker_jobs_against_moto(moto_endpoint, tmp_path):
     handles = ex.launch_replicas(2, DEFAULT_ENTRYPOINT, cfg, timeout=900)
     assert [h.rank for h in handles] == [0, 1]
     for h in handles:
-        d = ex.describe(h)
+        d = ex.describe_job(h)
         spec = d["AlgorithmSpecification"]
         assert d["TrainingJobName"] == h.metadata["job_name"]
         assert d["StoppingCondition"]["MaxRuntimeInSeconds"] == 900
@@ -185,6 +186,33 @@ def test_hf_jobs_against_loopback_hub(hub, tmp_path, monkeypatch):
     assert "AKIA-SECRET-VALUE" not in json.dumps(ex.job_specs(2, DEFAULT_ENTRYPOINT, cfg))
 
 
+def test_hf_jobs_collect_raises_on_an_errored_job(hub, tmp_path, monkeypatch):
+    pytest.importorskip("huggingface_hub")
+    endpoint, handler = hub
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    ex = get_executor("hf-jobs", namespace="me", endpoint=endpoint, token="hf_test_token")
+    handles = ex.launch_replicas(2, DEFAULT_ENTRYPOINT, _cfg(tmp_path))
+    handler.stage = "ERROR"
+    assert [r.state for r in ex.collect(handles, timeout=10)] == ["failed", "failed"]
+    with pytest.raises(
+        ReplicaFailedError, match=r"2/2 replicas did not succeed; replica 0 failed.*replica 1 failed"
+    ):
+        ex.collect(handles, timeout=10, raise_on_failure=True)
+
+
+def test_local_collect_raises_on_a_failed_replica(tmp_path):
+    (tmp_path / "a-file").write_text("not a directory")
+    cfg = {**_cfg(tmp_path), "store": {"type": "local", "root": str(tmp_path / "a-file" / "store")}}
+    ex = get_executor("local", run_dir=tmp_path / "run")
+    handles = ex.launch_replicas(1, DEFAULT_ENTRYPOINT, cfg)
+    with pytest.raises(ReplicaFailedError, match="replica 0 failed") as info:
+        ex.collect(handles, timeout=120, raise_on_failure=True)
+    assert "NotADirectoryError" in info.value.failed[0].error  # the replica's own traceback
+    assert [r.state for r in ex.collect(handles, timeout=5)] == ["failed"]  # without the flag: results
+
+
 def test_replica_handle_is_plain_data():
     h = ReplicaHandle(rank=0, backend_name="local_process", metadata={"pid": 12345})
     assert h.metadata["pid"] == 12345 and ReplicaHandle(1, "x").metadata == {}
@@ -285,5 +313,5 @@ def test_eks_for_real(tmp_path):
     try:
         results = ex.collect(handles, timeout=1800)
     finally:
-        ex.cancel(handles[0])
+        ex.delete_job()
     assert [r.state for r in results] == ["succeeded"] * 2

@@ -3,10 +3,11 @@
   composer-replication launch --backend local --replicas 4 diloco.yaml
   composer-replication launch --backend eks --replicas 8 -o image=ghcr.io/me/cr:1 --gpu 1 diloco.yaml --dry-run
 
-CONFIG is the replica config (YAML or JSON; see docs/diloco.md). Backend settings go in
+CONFIG is the replica config (YAML, TOML or JSON; see docs/diloco.md). Backend settings go in
 ``-o key=value`` (e.g. sagemaker: role_arn, image_uri, output_s3_uri; eks: image, namespace;
-hf-jobs: namespace, image; modal: app_name). ``--dry-run`` prints what would be launched (commands,
-the EKS Job manifest, the SageMaker requests, the HF Jobs specs) and starts nothing.
+hf-jobs: namespace, image; modal: app_name). ``--dry-run`` prints the executor's ``describe()`` of
+what would be launched (commands, the EKS Job manifest, the SageMaker requests, the HF Jobs specs)
+and starts nothing.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-BACKENDS = ("local", "modal", "hf-jobs", "sagemaker", "eks")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="replica config file (YAML or JSON)")
-    parser.add_argument("--backend", choices=BACKENDS, default="local")
+    from composer_replication.diloco.serverless.factory import BACKENDS
+
+    parser.add_argument("config", help="replica config file (YAML, TOML or JSON)")
+    parser.add_argument("--backend", choices=list(BACKENDS), default="local")
     parser.add_argument("--replicas", type=int, default=2, help="number of DiLoCo replicas (default 2)")
     parser.add_argument(
         "--gpu",
@@ -62,42 +63,10 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 
 def _load(path: str) -> dict[str, Any]:
-    from composer_replication.diloco.serverless.replica_entrypoint import ReplicaConfig, _load_config
+    """The validated replica config as JSON-able data (errors name the file and the field)."""
+    from composer_replication.diloco.replica_config import load_replica_config
 
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"config {path} not found")
-    raw = _load_config(path)
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
-    try:
-        return ReplicaConfig.model_validate(raw).model_dump(mode="json")
-    except Exception as exc:
-        raise ValueError(f"{path}: invalid replica config:\n{exc}") from None
-
-
-def _dry_run(executor: Any, backend: str, n: int, config: dict[str, Any], args: argparse.Namespace) -> str:
-    from composer_replication.diloco.serverless.executor import DEFAULT_ENTRYPOINT
-
-    kw = {"gpu": args.gpu, "timeout": args.timeout}
-    if backend == "local":
-        cfg_path = executor.run_dir / "replica-config.json"
-        body: Any = {
-            "config": config,
-            "commands": [executor.command(r, n, DEFAULT_ENTRYPOINT, cfg_path) for r in range(n)],
-        }
-    elif backend == "modal":
-        body = {"app": executor.app_name, "function": executor.function_options(**kw),
-                "spawn": [[DEFAULT_ENTRYPOINT, "<config>", r, n] for r in range(n)], "config": config}  # fmt: skip
-    elif backend == "hf-jobs":
-        body = executor.job_specs(n, DEFAULT_ENTRYPOINT, config, **kw)
-    elif backend == "sagemaker":
-        body = executor.requests(n, DEFAULT_ENTRYPOINT, config, **kw)
-    else:
-        import yaml
-
-        return yaml.safe_dump_all(executor.manifests(n, DEFAULT_ENTRYPOINT, config, **kw), sort_keys=False)
-    return json.dumps(body, indent=2)
+    return load_replica_config(path).model_dump(mode="json")
 
 
 def _progress(log_text: str) -> tuple[str, str]:
@@ -142,7 +111,8 @@ def watch(executor: Any, handles: list[Any], *, refresh: float = 1.0, out: Any =
 
 
 def run(args: argparse.Namespace) -> int:
-    from composer_replication.diloco.serverless.executor import DEFAULT_ENTRYPOINT, get_executor
+    from composer_replication.diloco.serverless.executor import DEFAULT_ENTRYPOINT
+    from composer_replication.diloco.serverless.factory import get_executor
 
     if args.replicas < 1:
         raise ValueError(f"--replicas {args.replicas}: need at least 1")
@@ -159,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     except TypeError as exc:
         raise ValueError(f"backend {args.backend}: {exc}; pass it as -o KEY=VALUE") from None
     if args.dry_run:
-        print(_dry_run(executor, args.backend, args.replicas, config, args))
+        print(
+            executor.describe(args.replicas, DEFAULT_ENTRYPOINT, config, gpu=args.gpu, timeout=args.timeout)
+        )
         return 0
     handles = executor.launch_replicas(
         args.replicas, DEFAULT_ENTRYPOINT, config, gpu=args.gpu, timeout=args.timeout

@@ -8,14 +8,13 @@ The executors' SDKs load only when their backend is used, and torchft only for `
 from __future__ import annotations
 
 from composer_replication.diloco.serverless.executor import (
-    BACKENDS,
     DEFAULT_ENTRYPOINT,
     ReplicaFailedError,
     ReplicaHandle,
     ReplicaResult,
     ServerlessExecutor,
-    get_executor,
 )
+from composer_replication.diloco.serverless.factory import BACKENDS, get_executor
 
 __all__ = [
     "BACKENDS",

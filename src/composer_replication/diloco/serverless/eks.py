@@ -1,29 +1,48 @@
 """Kubernetes / EKS executor: the N replicas as one Indexed Job (extra ``eks``).
 
 What is covered: a ``batch/v1`` Job with ``completionMode: Indexed``, ``completions = parallelism =
-N``, ``restartPolicy: Never`` and per-index retries, plus a headless Service so that pods reach each
-other as ``<job>-<index>.<job>`` (torchft works on a cluster; the object store works everywhere).
-Each pod learns its rank from ``JOB_COMPLETION_INDEX``. Built from the Kubernetes client's models,
-created with ``BatchV1Api.create_namespaced_job``; state and logs from the pod of each index.
+N``, ``restartPolicy: Never`` and per-index retries (``backoffLimitPerIndex``), plus a headless
+Service so that pods reach each other as ``<job>-<index>.<job>`` (torchft works on a cluster; the
+object store works everywhere). Each pod learns its rank from ``JOB_COMPLETION_INDEX``. Built from
+the Kubernetes client's models, created with ``BatchV1Api.create_namespaced_job``.
 
-What is not covered: cluster access (your kubeconfig or in-cluster credentials), GPU node pools and
-quotas (Kueue), image builds; ``cancel`` deletes the whole Job, since the replicas of an Indexed Job
-share one lifecycle.
+A replica's state comes from the Job's status first (``completedIndexes``, ``failedIndexes``, the
+``Complete``/``Failed`` conditions), then from the newest pod of its index. ``collect`` ends on its
+own when pods are gone: a Job that no longer exists fails every unfinished replica, and an index
+whose pod disappeared (and was not replaced within ``pod_gone_grace_s``) fails with that reason.
+``cancel(handle)`` stops that replica only: it marks the index's pod with the condition
+``ComposerReplicationCancelled`` (``pods/status`` patch) and deletes the pod; the Job's
+``podFailurePolicy`` turns that condition into ``FailIndex``, so the index is not retried and the
+other replicas run on. ``delete_job()`` removes the Job and the Service.
+
+What is not covered: cluster access (your kubeconfig or in-cluster credentials; the service account
+needs create/get/delete on jobs and services, list/get/delete on pods, patch on pods/status and get
+on pods/log), GPU node pools and quotas (Kueue), image builds. Per-index retries and ``FailIndex``
+need Kubernetes >= 1.29 (``JobBackoffLimitPerIndex``); older servers ignore them and fall back to the
+Job-wide ``backoffLimit``.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from composer_replication.diloco.serverless.executor import ReplicaHandle, ReplicaResult, entrypoint_name
-from composer_replication.diloco.serverless.hf_jobs import _last_json
+from composer_replication.diloco.serverless.executor import (
+    ReplicaHandle,
+    ReplicaResult,
+    entrypoint_name,
+    finish,
+    last_json,
+    replica_command,
+    wait_for_states,
+)
 
-__all__ = ["EKSExecutor"]
+__all__ = ["EKSExecutor", "CANCEL_CONDITION", "parse_indexes"]
 
-_PHASE = {"Pending": "pending", "Running": "running", "Succeeded": "succeeded", "Failed": "failed"}
+CANCEL_CONDITION = "ComposerReplicationCancelled"
+_PHASE = {"Pending": "pending", "Running": "running", "Succeeded": "succeeded", "Failed": "pending"}
+_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
 def _k8s() -> Any:
@@ -34,6 +53,28 @@ def _k8s() -> Any:
             "the eks backend needs the kubernetes client: pip install 'composer-replication[eks]'"
         ) from exc
     return client
+
+
+def parse_indexes(text: str | None) -> set[int]:
+    """The indexes of a Job status field such as ``"0,2-4"`` (``completedIndexes``/``failedIndexes``)."""
+    out: set[int] = set()
+    for part in filter(None, (text or "").split(",")):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _pod_reason(pod: Any) -> str:
+    """Why a pod ended, from its status (evicted, OOMKilled, exit code ...)."""
+    st = pod.status
+    bits = [f"pod {pod.metadata.name} {st.phase}"]
+    if st.reason or st.message:
+        bits.append(f"{st.reason or ''} {st.message or ''}".strip())
+    for cs in st.container_statuses or []:
+        term = cs.state.terminated if cs.state else None
+        if term is not None:
+            bits.append(f"container {cs.name} exit code {term.exit_code} ({term.reason or 'no reason'})")
+    return ": ".join(bits)
 
 
 class EKSExecutor:
@@ -52,14 +93,18 @@ class EKSExecutor:
         backoff_limit_per_index: int = 2,
         secret_name: str | None = None,
         load_config: bool = True,
+        api_client: Any = None,
+        poll_interval_s: float = 5.0,
+        pod_gone_grace_s: float = 60.0,
     ) -> None:
         self.image, self.namespace, self.job_name = image, namespace, job_name
-        self.gpu_resource, self.backoff_limit_per_index, self.secret_name = (
-            gpu_resource,
-            backoff_limit_per_index,
-            secret_name,
-        )
-        self._load_config = load_config
+        self.gpu_resource, self.backoff_limit_per_index = gpu_resource, backoff_limit_per_index
+        self.secret_name, self.api_client = secret_name, api_client
+        self.poll_interval_s, self.pod_gone_grace_s = poll_interval_s, pod_gone_grace_s
+        self._load_config = load_config and api_client is None
+        self._cancelled: set[int] = set()
+        self._seen: dict[int, tuple[str, float]] = {}  # index -> (last pod name, when last seen)
+        self._reasons: dict[int, str] = {}
 
     def build(
         self,
@@ -70,22 +115,16 @@ class EKSExecutor:
         gpu: str | None = None,
         timeout: int = 3600,
     ) -> tuple[Any, Any]:
-        """The ``V1Job`` and its headless ``V1Service`` (``--dry-run`` prints them serialised)."""
+        """The ``V1Job`` and its headless ``V1Service`` (``describe`` prints them as YAML)."""
         c = _k8s()
         labels = {"app.kubernetes.io/name": "composer-replication", "composer-replication/run": self.job_name}
         limits = {self.gpu_resource: str(int(gpu))} if gpu else None
+        cmd = replica_command(entrypoint_name(entrypoint), entrypoint_args, n_replicas)  # rank from the index
         container = c.V1Container(
             name="replica",
             image=self.image,
-            command=["python", "-m", "composer_replication.diloco.serverless.replica_entrypoint"],
-            args=[
-                "--entrypoint",
-                entrypoint_name(entrypoint),
-                "--config-json",
-                json.dumps(dict(entrypoint_args), sort_keys=True),
-                "--world-size",
-                str(n_replicas),
-            ],  # fmt: skip
+            command=cmd[:3],
+            args=cmd[3:],
             env=[
                 c.V1EnvVar(name="WORLD_SIZE", value=str(n_replicas)),
                 c.V1EnvVar(name="PYTHONUNBUFFERED", value="1"),
@@ -95,6 +134,7 @@ class EKSExecutor:
             else None,
             resources=c.V1ResourceRequirements(limits=limits) if limits else None,
         )
+        cancelled = c.V1PodFailurePolicyOnPodConditionsPattern(type=CANCEL_CONDITION, status="True")
         job = c.V1Job(
             api_version="batch/v1",
             kind="Job",
@@ -105,6 +145,9 @@ class EKSExecutor:
                 parallelism=n_replicas,
                 backoff_limit_per_index=self.backoff_limit_per_index,
                 max_failed_indexes=max(0, n_replicas - 1),
+                pod_failure_policy=c.V1PodFailurePolicy(
+                    rules=[c.V1PodFailurePolicyRule(action="FailIndex", on_pod_conditions=[cancelled])]
+                ),
                 active_deadline_seconds=int(timeout),
                 ttl_seconds_after_finished=3600,
                 template=c.V1PodTemplateSpec(
@@ -127,6 +170,21 @@ class EKSExecutor:
 
         return [ApiClient().sanitize_for_serialization(o) for o in self.build(*args, **kwargs)]
 
+    def describe(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> str:
+        """The Job and Service manifests as YAML documents."""
+        import yaml
+
+        docs = self.manifests(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout)
+        return yaml.safe_dump_all(docs, sort_keys=False)
+
     def _apis(self) -> tuple[Any, Any]:
         c = _k8s()
         if self._load_config:
@@ -137,7 +195,7 @@ class EKSExecutor:
             except config.ConfigException:
                 config.load_kube_config()
             self._load_config = False
-        return c.BatchV1Api(), c.CoreV1Api()
+        return c.BatchV1Api(self.api_client), c.CoreV1Api(self.api_client)
 
     def launch_replicas(
         self,
@@ -152,58 +210,148 @@ class EKSExecutor:
         batch, core = self._apis()
         core.create_namespaced_service(self.namespace, service)
         batch.create_namespaced_job(self.namespace, job)
+        meta = {"job": self.job_name, "namespace": self.namespace}
         return [
-            ReplicaHandle(
-                rank=i,
-                backend_name=self.backend_name,
-                metadata={"job": self.job_name, "namespace": self.namespace},
-            )
+            ReplicaHandle(rank=i, backend_name=self.backend_name, metadata=dict(meta))
             for i in range(n_replicas)
         ]
 
-    def _pod(self, handle: ReplicaHandle) -> Any:
-        _, core = self._apis()
-        pods = core.list_namespaced_pod(
-            self.namespace,
-            label_selector=f"job-name={self.job_name},batch.kubernetes.io/job-completion-index={handle.rank}",
-        ).items
-        return max(pods, key=lambda p: p.metadata.creation_timestamp) if pods else None
+    def _snapshot(self) -> tuple[Any, dict[int, Any]]:
+        """The Job (None if it no longer exists) and the newest pod of each index."""
+        from kubernetes.client.exceptions import ApiException
+
+        batch, core = self._apis()
+        try:
+            job = batch.read_namespaced_job_status(self.job_name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            job = None
+        pods: dict[int, Any] = {}
+        for pod in core.list_namespaced_pod(self.namespace, label_selector=f"job-name={self.job_name}").items:
+            index = (pod.metadata.labels or {}).get(_INDEX_LABEL, "")
+            if index.isdigit():
+                i = int(index)
+                if i not in pods or pod.metadata.creation_timestamp > pods[i].metadata.creation_timestamp:
+                    pods[i] = pod
+        return job, pods
+
+    def _state(self, rank: int, job: Any, pod: Any) -> tuple[str, str | None]:
+        """(state, reason when it did not succeed) of one index."""
+        where = f"Job {self.namespace}/{self.job_name}"
+        if job is None:
+            state = "cancelled" if rank in self._cancelled else "failed"
+            return state, f"{where} no longer exists (deleted, or removed by ttlSecondsAfterFinished)"
+        status = job.status
+        if rank in parse_indexes(status.completed_indexes) or (
+            pod is not None and pod.status.phase == "Succeeded"
+        ):
+            return "succeeded", None
+        if pod is not None:
+            self._seen[rank] = (pod.metadata.name, time.monotonic())
+        if rank in self._cancelled:
+            if pod is not None and pod.status.phase in ("Pending", "Running"):
+                self._mark_cancelled(pod)  # a pod that appeared after cancel() was called
+            return "cancelled", f"index {rank} cancelled by the launcher"
+        if rank in parse_indexes(status.failed_indexes):
+            return "failed", _pod_reason(pod) if pod is not None else f"index {rank} failed (retries used up)"
+        for cond in status.conditions or []:
+            if cond.type in ("Complete", "Failed") and cond.status == "True":
+                detail = f"{cond.reason or cond.type}: {cond.message or ''}".strip(": ")
+                return "failed", f"{where} ended ({detail}) before index {rank} completed"
+        if pod is None:
+            name, when = self._seen.get(rank, (None, None))
+            if when is not None and time.monotonic() - when > self.pod_gone_grace_s:
+                return "failed", f"pod {name} of index {rank} disappeared and was not replaced"
+            return "pending", None
+        return _PHASE.get(pod.status.phase, "unknown"), None  # Failed: a retry is on its way
+
+    def _poll_all(self, handles: list[ReplicaHandle]) -> dict[int, str]:
+        job, pods = self._snapshot()
+        states = {}
+        for h in handles:
+            states[h.rank], reason = self._state(h.rank, job, pods.get(h.rank))
+            if reason:
+                self._reasons[h.rank] = reason
+        return states
 
     def poll(self, handle: ReplicaHandle) -> str:
-        pod = self._pod(handle)
-        return "pending" if pod is None else _PHASE.get(pod.status.phase, "unknown")
+        return self._poll_all([handle])[handle.rank]
 
     def stream_logs(self, handle: ReplicaHandle, *, n_lines: int = 200) -> str:
-        pod = self._pod(handle)
+        _, pods = self._snapshot()
+        pod = pods.get(handle.rank)
         if pod is None:
             return ""
+        from kubernetes.client.exceptions import ApiException
+
         _, core = self._apis()
-        return core.read_namespaced_pod_log(pod.metadata.name, self.namespace, tail_lines=n_lines)
+        try:
+            # raw bytes: the client's own decoding turns a text/plain body into "b'...'" (its str(bytes))
+            resp = core.read_namespaced_pod_log(
+                pod.metadata.name, self.namespace, tail_lines=n_lines, _preload_content=False
+            )
+            return resp.data.decode("utf-8", "replace")
+        except ApiException as exc:
+            if exc.status in (400, 404):  # not started yet, or gone
+                return ""
+            raise
+
+    def _mark_cancelled(self, pod: Any) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        _, core = self._apis()
+        condition = {
+            "type": CANCEL_CONDITION,
+            "status": "True",
+            "reason": "CancelledByLauncher",
+            "message": "composer-replication cancelled this replica",
+            "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        try:
+            core.patch_namespaced_pod_status(
+                pod.metadata.name,
+                self.namespace,
+                {"status": {"conditions": [condition]}},
+                _content_type="application/strategic-merge-patch+json",  # merges conditions by type
+            )
+            core.delete_namespaced_pod(pod.metadata.name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:  # already gone: nothing left to stop
+                raise
 
     def cancel(self, handle: ReplicaHandle) -> None:
+        """Stop this replica only (its index fails without a retry); the others keep running."""
+        self._cancelled.add(handle.rank)
+        _, pods = self._snapshot()
+        pod = pods.get(handle.rank)
+        if pod is not None and pod.status.phase in ("Pending", "Running"):
+            self._mark_cancelled(pod)
+
+    def delete_job(self) -> None:
+        """Delete the Job (and its pods) and the headless Service."""
         batch, core = self._apis()
         batch.delete_namespaced_job(self.job_name, self.namespace, propagation_policy="Foreground")
         core.delete_namespaced_service(self.job_name, self.namespace)
 
-    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[ReplicaResult]:
-        end = None if timeout is None else time.time() + timeout
-        while True:
-            states = {h.rank: self.poll(h) for h in handles}
-            if all(s in ("succeeded", "failed") for s in states.values()):
-                break
-            if end is not None and time.time() > end:
-                raise TimeoutError(f"Job {self.job_name} still running after {timeout}s: {states}")
-            time.sleep(5)
+    def collect(
+        self, handles: list[ReplicaHandle], *, timeout: int | None = None, raise_on_failure: bool = False
+    ) -> list[ReplicaResult]:
+        """Wait until every index has ended; the value is the replica's last JSON log line."""
+        states = wait_for_states(
+            lambda: self._poll_all(handles),
+            timeout=timeout,
+            interval=self.poll_interval_s,
+            what=f"Job {self.namespace}/{self.job_name}",
+        )
         out = []
-        for h in sorted(handles, key=lambda h: h.rank):
+        for h in handles:
             logs = self.stream_logs(h, n_lines=50)
-            ok = states[h.rank] == "succeeded"
-            out.append(
-                ReplicaResult(
-                    rank=h.rank,
-                    state=states[h.rank],
-                    value=_last_json(logs),
-                    error=None if ok else logs[-2000:],
-                )
+            state = states[h.rank]
+            error = (
+                None
+                if state == "succeeded"
+                else "\n".join(filter(None, [self._reasons.get(h.rank), logs[-2000:]]))
             )
-        return out
+            out.append(ReplicaResult(rank=h.rank, state=state, value=last_json(logs), error=error))
+        return finish(out, raise_on_failure=raise_on_failure)

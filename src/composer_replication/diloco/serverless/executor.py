@@ -1,17 +1,21 @@
-"""The executor protocol (API reference §12) and the one dispatch on a backend name.
+"""The executor protocol (API reference §12) and the helpers every backend shares.
 
 An executor starts N replicas of an entrypoint somewhere (local processes, Modal, HF Jobs,
-SageMaker, Kubernetes), reports their state, shows their logs, cancels them and collects their
-results. Every backend lives in its own module and imports its SDK lazily.
+SageMaker, Kubernetes), reports their state, shows their logs, cancels them one at a time, collects
+their results, and ``describe``\\ s what it would launch (``composer-replication launch --dry-run``).
+Every backend lives in its own module and imports its SDK lazily; :mod:`.factory` picks one by name.
 
 Entrypoints are named ``"package.module:function"``; the function is called as
 ``function(entrypoint_args, rank=R, world_size=N)`` and returns a JSON-able result. The default is
-:func:`composer_replication.diloco.serverless.replica_entrypoint.run_replica`.
+:func:`composer_replication.diloco.replica.run_replica`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import json
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -20,14 +24,19 @@ __all__ = [
     "ReplicaResult",
     "ServerlessExecutor",
     "ReplicaFailedError",
-    "BACKENDS",
     "DEFAULT_ENTRYPOINT",
+    "REPLICA_MODULE",
     "TERMINAL_STATES",
-    "get_executor",
     "entrypoint_name",
+    "resolve_entrypoint",
+    "replica_command",
+    "last_json",
+    "wait_for_states",
+    "finish",
 ]
 
-DEFAULT_ENTRYPOINT = "composer_replication.diloco.serverless.replica_entrypoint:run_replica"
+DEFAULT_ENTRYPOINT = "composer_replication.diloco.replica:run_replica"
+REPLICA_MODULE = "composer_replication.diloco.serverless.replica_entrypoint"
 
 # Normalised replica states; each backend maps its own vocabulary onto these.
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -53,7 +62,22 @@ class ReplicaResult:
 
 
 class ReplicaFailedError(RuntimeError):
-    """Raised by ``collect(..., raise_on_failure=True)`` when a replica failed or was cancelled."""
+    """Raised by ``collect(..., raise_on_failure=True)`` when a replica failed or was cancelled.
+
+    ``results`` holds every replica's :class:`ReplicaResult` (rank order), ``failed`` those that did
+    not succeed; the message names each failed rank, its state and the last line of its error.
+    """
+
+    def __init__(self, results: Sequence[ReplicaResult]) -> None:
+        self.results = list(results)
+        self.failed = [r for r in self.results if r.state != "succeeded"]
+        parts = []
+        for r in self.failed:
+            last = (r.error or "").strip().splitlines()[-1:] or ["no error output"]
+            parts.append(f"replica {r.rank} {r.state}: {last[0][:300]}")
+        super().__init__(
+            f"{len(self.failed)}/{len(self.results)} replicas did not succeed; " + "; ".join(parts)
+        )
 
 
 @runtime_checkable
@@ -77,10 +101,30 @@ class ServerlessExecutor(Protocol):
 
     def stream_logs(self, handle: ReplicaHandle, *, n_lines: int = 200) -> str: ...
 
-    def cancel(self, handle: ReplicaHandle) -> None: ...
+    def cancel(self, handle: ReplicaHandle) -> None:
+        """Stop this replica only; the others keep running."""
+        ...
 
-    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[ReplicaResult]:
-        """Wait for every replica to finish (``TimeoutError`` after ``timeout`` s); results in rank order."""
+    def collect(
+        self, handles: list[ReplicaHandle], *, timeout: int | None = None, raise_on_failure: bool = False
+    ) -> list[ReplicaResult]:
+        """Wait for every replica to end (``TimeoutError`` after ``timeout`` s); results in rank order.
+
+        With ``raise_on_failure``, a replica that failed or was cancelled raises
+        :class:`ReplicaFailedError` (carrying every result) once all have ended.
+        """
+        ...
+
+    def describe(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> str:
+        """What ``launch_replicas`` with these arguments would start, as text; starts nothing."""
         ...
 
 
@@ -100,6 +144,7 @@ def entrypoint_name(entrypoint: str | Callable[..., Any]) -> str:
 
 
 def resolve_entrypoint(name: str) -> Callable[..., Any]:
+    """The function a ``"module:function"`` name refers to."""
     import importlib
 
     module, _, func = name.partition(":")
@@ -109,25 +154,62 @@ def resolve_entrypoint(name: str) -> Callable[..., Any]:
     return obj
 
 
-# backend name -> (module, class, pip extra)
-BACKENDS: dict[str, tuple[str, str, str | None]] = {
-    "local": ("local_process", "LocalProcessExecutor", None),
-    "modal": ("modal", "ModalExecutor", "modal"),
-    "hf-jobs": ("hf_jobs", "HFJobsExecutor", "hf-jobs"),
-    "sagemaker": ("sagemaker", "SageMakerExecutor", "sagemaker"),
-    "eks": ("eks", "EKSExecutor", "eks"),
-}
+def replica_command(
+    entrypoint: str,
+    config: Mapping[str, Any],
+    n_replicas: int,
+    *,
+    rank: int | None = None,
+    setup: str | None = None,
+    python: str = "python",
+) -> list[str]:
+    """The command line of one replica (the config inline); without ``rank`` it comes from the environment."""
+    run = [
+        python, "-m", REPLICA_MODULE, "--entrypoint", entrypoint,
+        "--config-json", json.dumps(dict(config), sort_keys=True),
+        *(["--rank", str(rank)] if rank is not None else []), "--world-size", str(n_replicas),
+    ]  # fmt: skip
+    if not setup:
+        return run
+    return ["bash", "-lc", f"{setup} && {shlex.join(run)}"]
 
 
-def get_executor(backend: str, **options: Any) -> ServerlessExecutor:
-    """Build the executor for ``backend`` (``local``, ``modal``, ``hf-jobs``, ``sagemaker``, ``eks``)."""
-    import importlib
+def last_json(logs: str) -> Any:
+    """The last JSON object line of a log (a replica's ``done`` record), or None."""
+    for line in reversed(logs.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
 
-    key = backend.replace("_", "-")
-    if key == "local-process":
-        key = "local"
-    if key not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose from: {', '.join(BACKENDS)}")
-    module, cls, _ = BACKENDS[key]
-    mod = importlib.import_module(f"composer_replication.diloco.serverless.{module}")
-    return getattr(mod, cls)(**options)
+
+def wait_for_states(
+    poll_all: Callable[[], dict[int, str]],
+    *,
+    timeout: float | None,
+    interval: float,
+    what: str,
+    terminal: frozenset[str] = TERMINAL_STATES,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[int, str]:
+    """Call ``poll_all`` until every state is terminal; ``TimeoutError`` naming ``what`` after ``timeout`` s."""
+    end = None if timeout is None else clock() + timeout
+    while True:
+        states = poll_all()
+        if all(s in terminal for s in states.values()):
+            return states
+        if end is not None and clock() > end:
+            raise TimeoutError(f"{what} still running after {timeout}s: {states}")
+        sleep(interval)
+
+
+def finish(results: list[ReplicaResult], *, raise_on_failure: bool) -> list[ReplicaResult]:
+    """``results`` in rank order; raises :class:`ReplicaFailedError` if asked to and one did not succeed."""
+    results = sorted(results, key=lambda r: r.rank)
+    if raise_on_failure and any(r.state != "succeeded" for r in results):
+        raise ReplicaFailedError(results)
+    return results

@@ -14,14 +14,20 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from composer_replication.diloco.serverless.executor import ReplicaHandle, ReplicaResult, entrypoint_name
+from composer_replication.diloco.serverless.executor import (
+    ReplicaHandle,
+    ReplicaResult,
+    entrypoint_name,
+    finish,
+    last_json,
+    replica_command,
+    wait_for_states,
+)
 
-__all__ = ["HFJobsExecutor", "replica_command"]
+__all__ = ["HFJobsExecutor"]
 
 _STAGES = {
     "SCHEDULING": "pending",
@@ -31,20 +37,6 @@ _STAGES = {
     "CANCELED": "cancelled",
     "DELETED": "cancelled",
 }
-
-
-def replica_command(
-    entrypoint: str, config: Mapping[str, Any], rank: int, n_replicas: int, *, setup: str | None = None
-) -> list[str]:
-    """The container command of one replica (shared by the HF Jobs and SageMaker executors)."""
-    run = [
-        "python", "-m", "composer_replication.diloco.serverless.replica_entrypoint",
-        "--entrypoint", entrypoint, "--config-json", json.dumps(dict(config), sort_keys=True),
-        "--rank", str(rank), "--world-size", str(n_replicas),
-    ]  # fmt: skip
-    if not setup:
-        return run
-    return ["bash", "-lc", f"{setup} && {shlex.join(run)}"]
 
 
 def _hub() -> Any:
@@ -93,7 +85,7 @@ class HFJobsExecutor:
         return [
             {
                 "image": self.image,
-                "command": replica_command(name, entrypoint_args, rank, n_replicas, setup=self.setup),
+                "command": replica_command(name, entrypoint_args, n_replicas, rank=rank, setup=self.setup),
                 "env": {"REPLICA_RANK": str(rank), "WORLD_SIZE": str(n_replicas), "PYTHONUNBUFFERED": "1"},
                 "secrets": sorted(k for k in self.secret_env if os.environ.get(k)),
                 "flavor": gpu or "cpu-basic",
@@ -103,6 +95,19 @@ class HFJobsExecutor:
             }
             for rank in range(n_replicas)
         ]
+
+    def describe(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> str:
+        """The ``run_job`` arguments of every replica as JSON (secrets by name, never their values)."""
+        specs = self.job_specs(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout)
+        return json.dumps(specs, indent=2)
 
     def launch_replicas(
         self,
@@ -145,36 +150,16 @@ class HFJobsExecutor:
     def cancel(self, handle: ReplicaHandle) -> None:
         self._api.cancel_job(job_id=handle.metadata["job_id"], namespace=self.namespace)
 
-    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[ReplicaResult]:
+    def collect(
+        self, handles: list[ReplicaHandle], *, timeout: int | None = None, raise_on_failure: bool = False
+    ) -> list[ReplicaResult]:
         """Wait for every Job; the value is the replica's last JSON log line (its ``done`` record)."""
-        end = None if timeout is None else time.time() + timeout
-        while True:
-            states = {h.rank: self.poll(h) for h in handles}
-            if all(s in ("succeeded", "failed", "cancelled") for s in states.values()):
-                break
-            if end is not None and time.time() > end:
-                raise TimeoutError(f"HF Jobs still running after {timeout}s: {states}")
-            time.sleep(5)
+        states = wait_for_states(
+            lambda: {h.rank: self.poll(h) for h in handles}, timeout=timeout, interval=5, what="HF Jobs"
+        )
         out = []
-        for h in sorted(handles, key=lambda h: h.rank):
+        for h in handles:
             logs = self.stream_logs(h, n_lines=50)
-            out.append(
-                ReplicaResult(
-                    rank=h.rank,
-                    state=states[h.rank],
-                    value=_last_json(logs),
-                    error=None if states[h.rank] == "succeeded" else logs[-2000:],
-                )
-            )
-        return out
-
-
-def _last_json(logs: str) -> Any:
-    for line in reversed(logs.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                continue
-    return None
+            ok = states[h.rank] == "succeeded"
+            out.append(ReplicaResult(h.rank, states[h.rank], last_json(logs), None if ok else logs[-2000:]))
+        return finish(out, raise_on_failure=raise_on_failure)

@@ -20,9 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.diloco.serverless.executor import (
+    REPLICA_MODULE,
+    TERMINAL_STATES,
     ReplicaHandle,
     ReplicaResult,
     entrypoint_name,
+    finish,
+    wait_for_states,
 )
 
 __all__ = ["LocalProcessExecutor"]
@@ -61,11 +65,25 @@ class LocalProcessExecutor:
 
     def command(self, rank: int, n_replicas: int, entrypoint: str, config_path: Path) -> list[str]:
         return [
-            self.python, "-m", "composer_replication.diloco.serverless.replica_entrypoint",
+            self.python, "-m", REPLICA_MODULE,
             "--entrypoint", entrypoint, "--config", str(config_path),
             "--rank", str(rank), "--world-size", str(n_replicas),
             "--result-file", str(self.run_dir / f"replica-{rank}.result.json"),
         ]  # fmt: skip
+
+    def describe(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> str:
+        """The config and the command of every replica, as JSON."""
+        name, config_path = entrypoint_name(entrypoint), self.run_dir / "replica-config.json"
+        commands = [self.command(r, n_replicas, name, config_path) for r in range(n_replicas)]
+        return json.dumps({"config": dict(entrypoint_args), "commands": commands}, indent=2)
 
     def launch_replicas(
         self,
@@ -167,19 +185,23 @@ class LocalProcessExecutor:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
-    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[ReplicaResult]:
-        end = None if timeout is None else time.time() + timeout
-        while any(self.poll(h) not in ("succeeded", "failed", "cancelled", "unknown") for h in handles):
-            if end is not None and time.time() > end:
-                raise TimeoutError(f"replicas still running after {timeout}s; see the logs in {self.run_dir}")
-            time.sleep(0.1)
+    def collect(
+        self, handles: list[ReplicaHandle], *, timeout: int | None = None, raise_on_failure: bool = False
+    ) -> list[ReplicaResult]:
+        states = wait_for_states(
+            lambda: {h.rank: self.poll(h) for h in handles},
+            timeout=timeout,
+            interval=0.1,
+            what=f"replicas (logs in {self.run_dir})",
+            terminal=TERMINAL_STATES | {"unknown"},  # a process this executor did not start
+        )
         out = []
-        for h in sorted(handles, key=lambda h: h.rank):
-            state = self.poll(h)
+        for h in handles:
             try:
                 value = json.loads(Path(h.metadata["result"]).read_text())
             except FileNotFoundError:
                 value = None
+            state = states[h.rank]
             error = None if state == "succeeded" else self.stream_logs(h, n_lines=20)
             out.append(ReplicaResult(rank=h.rank, state=state, value=value, error=error))
-        return out
+        return finish(out, raise_on_failure=raise_on_failure)

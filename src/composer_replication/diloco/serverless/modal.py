@@ -15,6 +15,7 @@ tail); ``modal app logs`` shows the raw stream.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from composer_replication.diloco.serverless.executor import (
     ReplicaHandle,
     ReplicaResult,
     entrypoint_name,
+    finish,
     resolve_entrypoint,
 )
 
@@ -75,6 +77,27 @@ class ModalExecutor:
             "image": "custom" if self.image is not None else f"debian_slim + pip {list(self.pip_packages)}",
             "retries": 0,  # a retried replica would rejoin from the store anyway; keep billing explicit
         }
+
+    def describe(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> str:
+        """The app, the function's options and the ``spawn`` calls, as JSON (secrets by name)."""
+        name = entrypoint_name(entrypoint)
+        return json.dumps(
+            {
+                "app": self.app_name,
+                "function": self.function_options(gpu=gpu, timeout=timeout),
+                "spawn": [[name, "<config>", r, n_replicas] for r in range(n_replicas)],
+                "config": dict(entrypoint_args),
+            },
+            indent=2,
+        )
 
     def build_function(self, *, gpu: str | None = None, timeout: int = 3600) -> Any:
         modal = _modal()
@@ -146,20 +169,25 @@ class ModalExecutor:
     def cancel(self, handle: ReplicaHandle) -> None:
         self._call(handle).cancel(terminate_containers=True)
 
-    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[ReplicaResult]:
+    def collect(
+        self, handles: list[ReplicaHandle], *, timeout: int | None = None, raise_on_failure: bool = False
+    ) -> list[ReplicaResult]:
+        end = None if timeout is None else time.monotonic() + timeout
         out = []
         for h in sorted(handles, key=lambda h: h.rank):
             call_id = h.metadata["call_id"]
             if call_id not in self._results:
+                left = None if end is None else max(0.0, end - time.monotonic())
                 try:
-                    self._results[call_id] = ("succeeded", self._call(h).get(timeout=timeout), None)
+                    self._results[call_id] = ("succeeded", self._call(h).get(timeout=left), None)
                 except TimeoutError:
-                    raise
-                except Exception as exc:
-                    self._results[call_id] = ("failed", None, f"{type(exc).__name__}: {exc}")
+                    raise TimeoutError(f"Modal replica {h.rank} still running after {timeout}s") from None
+                except Exception as exc:  # the remote raised, or the call was cancelled
+                    state = "cancelled" if "cancel" in type(exc).__name__.lower() else "failed"
+                    self._results[call_id] = (state, None, f"{type(exc).__name__}: {exc}")
             state, value, error = self._results[call_id]
             out.append(ReplicaResult(rank=h.rank, state=state, value=value, error=error))
         if self._app_ctx is not None:
             self._app_ctx.__exit__(None, None, None)
             self._app_ctx = None
-        return out
+        return finish(out, raise_on_failure=raise_on_failure)

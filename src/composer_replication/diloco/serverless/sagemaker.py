@@ -13,13 +13,21 @@ image and bucket are yours to provide.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from composer_replication.diloco.serverless.executor import ReplicaHandle, ReplicaResult, entrypoint_name
-from composer_replication.diloco.serverless.hf_jobs import _last_json, replica_command
+from composer_replication.diloco.serverless.executor import (
+    ReplicaHandle,
+    ReplicaResult,
+    entrypoint_name,
+    finish,
+    last_json,
+    replica_command,
+    wait_for_states,
+)
 
 __all__ = ["SageMakerExecutor"]
 
@@ -81,7 +89,7 @@ class SageMakerExecutor:
         name, stamp = entrypoint_name(entrypoint), time.strftime("%Y%m%d-%H%M%S")
         out = []
         for rank in range(n_replicas):
-            cmd = replica_command(name, entrypoint_args, rank, n_replicas)
+            cmd = replica_command(name, entrypoint_args, n_replicas, rank=rank)
             out.append(
                 {
                     "TrainingJobName": f"{self.job_prefix}-{stamp}-r{rank}"[:63],
@@ -104,6 +112,20 @@ class SageMakerExecutor:
                 }
             )
         return out
+
+    def describe(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> str:
+        """The ``create_training_job`` request of every replica, as JSON."""
+        return json.dumps(
+            self.requests(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout), indent=2
+        )
 
     def launch_replicas(
         self,
@@ -128,11 +150,12 @@ class SageMakerExecutor:
             )
         return handles
 
-    def describe(self, handle: ReplicaHandle) -> dict[str, Any]:
+    def describe_job(self, handle: ReplicaHandle) -> dict[str, Any]:
+        """SageMaker's ``describe_training_job`` of one replica."""
         return self.client.describe_training_job(TrainingJobName=handle.metadata["job_name"])
 
     def poll(self, handle: ReplicaHandle) -> str:
-        return _STATUS.get(self.describe(handle)["TrainingJobStatus"], "unknown")
+        return _STATUS.get(self.describe_job(handle)["TrainingJobStatus"], "unknown")
 
     def stream_logs(self, handle: ReplicaHandle, *, n_lines: int = 200) -> str:
         job = handle.metadata["job_name"]
@@ -151,22 +174,24 @@ class SageMakerExecutor:
     def cancel(self, handle: ReplicaHandle) -> None:
         self.client.stop_training_job(TrainingJobName=handle.metadata["job_name"])
 
-    def collect(self, handles: list[ReplicaHandle], *, timeout: int | None = None) -> list[ReplicaResult]:
-        end = None if timeout is None else time.time() + timeout
-        while True:
-            desc = {h.rank: self.describe(h) for h in handles}
-            states = {r: _STATUS.get(d["TrainingJobStatus"], "unknown") for r, d in desc.items()}
-            if all(s in ("succeeded", "failed", "cancelled") for s in states.values()):
-                break
-            if end is not None and time.time() > end:
-                raise TimeoutError(f"SageMaker jobs still running after {timeout}s: {states}")
-            time.sleep(10)
-        return [
+    def collect(
+        self, handles: list[ReplicaHandle], *, timeout: int | None = None, raise_on_failure: bool = False
+    ) -> list[ReplicaResult]:
+        desc: dict[int, dict[str, Any]] = {}
+
+        def poll_all() -> dict[int, str]:
+            desc.update({h.rank: self.describe_job(h) for h in handles})
+            return {r: _STATUS.get(d["TrainingJobStatus"], "unknown") for r, d in desc.items()}
+
+        states = wait_for_states(poll_all, timeout=timeout, interval=10, what="SageMaker jobs")
+        out = [
             ReplicaResult(
                 rank=h.rank,
                 state=states[h.rank],
-                value=_last_json(self.stream_logs(h, n_lines=20)),
-                error=desc[h.rank].get("FailureReason"),
+                value=last_json(self.stream_logs(h, n_lines=20)),
+                error=desc[h.rank].get("FailureReason")
+                or (None if states[h.rank] == "succeeded" else states[h.rank]),
             )
-            for h in sorted(handles, key=lambda h: h.rank)
+            for h in handles
         ]
+        return finish(out, raise_on_failure=raise_on_failure)

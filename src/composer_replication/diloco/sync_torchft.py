@@ -1,32 +1,34 @@
 """A DiLoCo replica synchronised by torchft (lighthouse + Manager over gloo), for networked replicas.
 
 Each replica is one replica group of size 1: it creates its own ``TCPStore`` (torchft's Manager only
-connects to one), joins the lighthouse with a synchronous quorum, and runs the inner loop inside
-:func:`~composer_replication.diloco.make_diloco_outer_loop`. torchft handles membership: a replica
-that dies drops out of the next quorum, and one that (re)starts heals from a live peer's state
-(global parameters, outer momentum, inner optimiser) before its first sync.
+connects to one), joins the lighthouse with a synchronous quorum, and runs the ``lm_ce`` inner loop
+inside :func:`~composer_replication.diloco.make_diloco_outer_loop`. torchft handles membership: a
+replica that dies drops out of the next quorum, and one that (re)starts heals from a live peer's
+state (global parameters, outer momentum, inner optimiser) before its first sync.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+from composer_replication.diloco.inner import build_replica, inner_step
+from composer_replication.diloco.outer import params_sha256
+from composer_replication.diloco.replica_config import ReplicaConfig
+from composer_replication.diloco.synthetic import make_batch
 
 __all__ = ["run_torchft_replica"]
 
 
-def run_torchft_replica(cfg: Any, *, rank: int, world_size: int, log: Any) -> dict[str, Any]:
+def run_torchft_replica(
+    cfg: ReplicaConfig, *, rank: int, world_size: int, log: Callable[..., None]
+) -> dict[str, Any]:
     """Train until the manager has committed ``cfg.rounds`` outer steps; log a digest after each sync."""
     from torch.distributed import TCPStore
     from torchft.process_group import ProcessGroupGloo
 
     from composer_replication.diloco import Manager, make_diloco_outer_loop
-    from composer_replication.diloco.serverless.replica_entrypoint import (
-        build_replica,
-        inner_step,
-        make_batch,
-    )
-    from composer_replication.diloco.serverless.simulate import params_sha256
 
     ft = cfg.torchft
     if ft is None:
