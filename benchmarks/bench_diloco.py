@@ -9,13 +9,18 @@
    (sha256, validation, manifest, float64 fixed-order mean). Measured as the replica that arrives
    last (the other 3 have uploaded), which is the all-reduce's critical path.
 
-Run (uses ~8 GB; take the shared lock):
-    flock /tmp/bigmem.lock python3 benchmarks/bench_diloco.py [--params 135e6] [--stores local,moto,seaweedfs]
+The raw baseline is timed twice: one PUT then the GETs one after another (the baseline of the
+target), and the same transfers all at once in a thread pool (what a raw client could reach by
+overlapping them, as the all-reduce does). Each repetition's objects are deleted afterwards.
+
+Run (uses ~8 GB; take the machine-wide lock):
+    flock /work/coord/heavy.lock python3 benchmarks/bench_diloco.py [--params 135e6] [--stores local,moto,seaweedfs]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import signal
@@ -24,16 +29,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from composer_replication.diloco.serverless.allreduce import (
-    _serialize,
-    _sha256,
-    object_store_allreduce,
-    round_prefix,
-)
+from composer_replication.diloco.serverless.allreduce import object_store_allreduce, round_prefix
 from composer_replication.diloco.serverless.store import LocalDirStore, S3Store
+from composer_replication.diloco.serverless.tensorfile import encode
+
+
+def _serialize(tensors) -> bytes:
+    return b"".join(encode(tensors))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def smollm2_shapes(target: float) -> dict[str, tuple[int, ...]]:
@@ -78,31 +88,72 @@ def bytes_table(shapes: dict[str, tuple[int, ...]], k: int) -> str:
     )
 
 
-def time_store(name: str, store, shapes, k: int, repeats: int) -> tuple[float, float]:
-    """(all-reduce seconds, raw put+get seconds), medians over ``repeats`` rounds."""
+def _raw_round(store, run: str, mine_bytes: bytes, k: int, *, parallel: bool) -> float:
+    """Seconds for a plain PUT of this replica's bytes and GETs of the k-1 others' (no checks)."""
+    keys = [f"{round_prefix(run, 0)}/delta/{r:05d}.safetensors" for r in range(1, k)]
+    t = time.perf_counter()
+    if parallel:  # the same transfers, all at once in a pool like the all-reduce's
+        with ThreadPoolExecutor(max_workers=k) as pool:
+            jobs = [pool.submit(store.put, f"raw-{run}/parallel", mine_bytes)]
+            jobs += [pool.submit(store.get, key) for key in keys]
+            for job in jobs:
+                job.result()
+    else:
+        store.put(f"raw-{run}/mine", mine_bytes)
+        for key in keys:
+            store.get(key)
+    return time.perf_counter() - t
+
+
+def _wipe(store, run: str) -> None:
+    """Delete a repetition's objects (untimed): moto keeps every object in this process's memory."""
+    if isinstance(store, LocalDirStore):
+        for top in (run, f"raw-{run}"):
+            shutil.rmtree(store.root / top, ignore_errors=True)
+        return
+    for top in (run, f"raw-{run}"):
+        for key in store.list(top):
+            store.client.delete_object(Bucket=store.bucket, Key=store._key(key))
+
+
+def time_store(name: str, store, shapes, k: int, repeats: int) -> tuple[float, float, float]:
+    """(all-reduce, raw put + gets, raw with the gets in parallel) seconds, medians over ``repeats``.
+
+    The order of the all-reduce and the raw transfers alternates between repetitions."""
     others = {r: _serialize(contribution(shapes, r)) for r in range(1, k)}
     mine = contribution(shapes, 0)
     mine_bytes = _serialize(mine)
-    ar, raw = [], []
+    ar, raw, par = [], [], []
     for rep in range(repeats):
         run = f"bench-{rep}-{time.time_ns()}"
         for r, data in others.items():  # the other replicas have already uploaded
             store.put_if_absent(f"{round_prefix(run, 0)}/delta/{r:05d}.safetensors", data,
                                 metadata={"sha256": _sha256(data), "rank": str(r), "weight": "1.0"})  # fmt: skip
-        t = time.perf_counter()
-        res = object_store_allreduce(
-            store, mine, run_id=run, round_index=0, rank=0, world_size=k, deadline_s=60
-        )
-        ar.append(time.perf_counter() - t)
-        assert res.participants == list(range(k))
-        del res
-        t = time.perf_counter()
-        store.put(f"raw-{run}/mine", mine_bytes)
-        for r in range(1, k):
-            store.get(f"{round_prefix(run, 0)}/delta/{r:05d}.safetensors")
-        raw.append(time.perf_counter() - t)
-        print(f"  {name} rep {rep}: all-reduce {ar[-1]:.2f}s, raw put+get {raw[-1]:.2f}s", file=sys.stderr)
-    return sorted(ar)[len(ar) // 2], sorted(raw)[len(raw) // 2]
+
+        def allreduce(run: str = run) -> float:
+            t = time.perf_counter()
+            res = object_store_allreduce(
+                store, mine, run_id=run, round_index=0, rank=0, world_size=k, deadline_s=60
+            )
+            seconds = time.perf_counter() - t
+            assert res.participants == list(range(k))
+            return seconds
+
+        if rep % 2 == 0:
+            ar.append(allreduce())
+            raw.append(_raw_round(store, run, mine_bytes, k, parallel=False))
+        else:
+            raw.append(_raw_round(store, run, mine_bytes, k, parallel=False))
+            ar.append(allreduce())
+        par.append(_raw_round(store, run, mine_bytes, k, parallel=True))
+        _wipe(store, run)
+        print(f"  {name} rep {rep}: all-reduce {ar[-1]:.2f}s, raw put+gets {raw[-1]:.2f}s, "
+              f"parallel {par[-1]:.2f}s, load {os.getloadavg()[0]:.1f}", file=sys.stderr)  # fmt: skip
+
+    def median(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    return median(ar), median(raw), median(par)
 
 
 def start_seaweedfs(data_dir: str):
@@ -144,7 +195,9 @@ def main() -> int:
     print(
         f"\n## Object-store all-reduce, {n / 1e6:.1f}M fp32 parameters ({4 * n / 1e6:.0f} MB), {args.replicas} replicas\n"
     )
-    print("| store | all-reduce (s) | raw put + 3 gets (s) | ratio |\n|---|---:|---:|---:|")
+    print(f"load average at start: {os.getloadavg()[0]:.1f}\n")
+    print("| store | all-reduce (s) | raw put + 3 gets (s) | ratio | raw, in parallel (s) | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
     tmp = tempfile.mkdtemp(prefix="bench-diloco-")
     try:
         for name in filter(None, args.stores.split(",")):
@@ -166,14 +219,17 @@ def main() -> int:
             elif name == "seaweedfs":
                 proc, store = start_seaweedfs(os.path.join(tmp, "weed"))
                 if store is None:
-                    print("| seaweedfs | not available | | |")
+                    print("| seaweedfs | not available | | | | |")
                     continue
                 cleanup = lambda proc=proc: (os.killpg(proc.pid, signal.SIGKILL), proc.wait())  # noqa: E731
             else:
                 raise SystemExit(f"unknown store {name!r}")
             try:
-                ar, raw = time_store(name, store, shapes, args.replicas, args.repeats)
-                print(f"| {name} | {ar:.2f} | {raw:.2f} | {ar / raw:.2f}x |", flush=True)
+                ar, raw, par = time_store(name, store, shapes, args.replicas, args.repeats)
+                print(
+                    f"| {name} | {ar:.2f} | {raw:.2f} | {ar / raw:.2f}x | {par:.2f} | {ar / par:.2f}x |",
+                    flush=True,
+                )
             finally:
                 if cleanup:
                     cleanup()

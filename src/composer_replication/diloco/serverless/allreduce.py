@@ -5,9 +5,9 @@ The leaderless manifest protocol (design notes: interfaces.md §6.3), one round:
 1. **Upload.** Each replica writes ``<run>/round/<r>/delta/<rank>.safetensors`` create-only, with its
    ``sha256``, ``rank`` and ``weight`` in the object metadata. Retries are idempotent and a zombie
    replica cannot overwrite its own earlier upload.
-2. **Validate.** Each replica downloads the uploads it sees and checks the sha256, the tensor names,
-   shapes and dtypes against its own, and that every value is finite. An invalid upload is never
-   proposed for a manifest.
+2. **Validate.** Each replica downloads the uploads it sees and checks the sha256, the file's
+   structure, the tensor names, shapes and dtypes against its own, and that every value is finite.
+   An invalid upload is never proposed for a manifest.
 3. **Manifest = the consensus point.** When every replica's upload is valid, or when this replica's
    deadline passes with at least ``min_participants`` valid uploads, it tries to create
    ``<run>/round/<r>/MANIFEST.json`` listing the ranks (sorted) and their sha256s. Exactly one writer
@@ -18,6 +18,11 @@ The leaderless manifest protocol (design notes: interfaces.md §6.3), one round:
 
 A replica that is late, dead or corrupted is simply absent from the manifest; a late one reads the
 manifest, learns that it was excluded (``AllReduceResult.included`` is ``False``) and adopts the result.
+
+Cost (docs/benchmarks/diloco.md): each object is hashed once, while it streams in (or, for this
+replica's own upload, straight from the tensors' memory); it is never copied after the download
+(:mod:`.tensorfile` reads tensors as views on the downloaded buffer); the upload and the downloads
+run concurrently in a small thread pool; the mean runs over cache-sized slices.
 """
 
 from __future__ import annotations
@@ -27,16 +32,30 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
+from composer_replication.diloco.serverless import tensorfile
 from composer_replication.diloco.serverless.store import ObjectStore
 
-__all__ = ["AllReduceResult", "AllReduceError", "object_store_allreduce", "fixed_order_mean", "round_prefix"]
+__all__ = [
+    "AllReduceResult",
+    "AllReduceError",
+    "object_store_allreduce",
+    "fixed_order_mean",
+    "round_prefix",
+    "read_object",
+]
 
 MANIFEST = "MANIFEST.json"
+_READ_CHUNK = 4 << 20  # bytes per read: hashed while still in cache
+_MEAN_CHUNK = 1 << 16  # elements per slice of the mean (a multiple of every SIMD width)
+_MEAN_BLOCK = 1 << 20  # elements per unit of work handed to a thread (a multiple of _MEAN_CHUNK)
+_WORKERS = 4
 
 
 class AllReduceError(RuntimeError):
@@ -60,64 +79,107 @@ def round_prefix(run_id: str, round_index: int) -> str:
     return f"{run_id}/round/{round_index:06d}"
 
 
-def _serialize(tensors: Mapping[str, torch.Tensor]) -> bytes:
-    from safetensors.torch import save
-
-    return save({k: t.detach().contiguous().cpu() for k, t in sorted(tensors.items())})
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def fixed_order_mean(
-    contributions: Mapping[int, Mapping[str, torch.Tensor]], weights: Mapping[int, float] | None = None
+    contributions: Mapping[int, Mapping[str, torch.Tensor]],
+    weights: Mapping[int, float] | None = None,
+    *,
+    threads: int = 2,
 ) -> dict[str, torch.Tensor]:
     """Weighted mean of per-rank tensor dicts, in ascending rank order, accumulated in float64.
 
     Pure and deterministic: the reference that every replica (and the single-process simulation)
-    computes identically. The result has each tensor's original dtype.
+    computes identically. The result has each tensor's original dtype. Each element is
+    ``(((0 + w_0·x_0) + w_1·x_1) + ...) / Σw`` in float64, rounded once. The work runs over slices
+    that stay in cache, split between ``threads`` threads; that changes the speed, never the bits
+    (every element is computed alone, by the same operations, whichever slice or thread holds it).
     """
     ranks = sorted(contributions)
     if not ranks:
         raise ValueError("fixed_order_mean needs at least one contribution")
-    w = {r: float(weights[r]) if weights else 1.0 for r in ranks}
-    total = sum(w[r] for r in ranks)
+    w = [float(weights[r]) if weights else 1.0 for r in ranks]
+    total = sum(w)
     first = contributions[ranks[0]]
     out: dict[str, torch.Tensor] = {}
+    blocks = []  # (sources, output, lo, hi): independent pieces of work
     for name in sorted(first):
-        acc = torch.zeros(first[name].shape, dtype=torch.float64)
-        for r in ranks:  # in-place mixed-dtype add: computed in float64, no float64 copy of the input
-            acc.add_(contributions[r][name], alpha=w[r])
-        out[name] = acc.div_(total).to(first[name].dtype)
+        ref = first[name]
+        sources = [contributions[r][name].reshape(-1) for r in ranks]
+        flat = torch.empty(ref.numel(), dtype=ref.dtype)
+        out[name] = flat.view(ref.shape)
+        for lo in range(0, ref.numel(), _MEAN_BLOCK):
+            blocks.append((sources, flat, lo, min(lo + _MEAN_BLOCK, ref.numel())))
+
+    # x / total == x * (1 / total) exactly when 1 / total is exact (a power of two: 2, 4, 8 replicas)
+    inv = 1.0 / total if math.frexp(total)[0] == 0.5 else None
+
+    def run(mine: list[tuple[list[torch.Tensor], torch.Tensor, int, int]]) -> None:
+        acc_buf = torch.empty(_MEAN_CHUNK, dtype=torch.float64)
+        tmp_buf = torch.empty(_MEAN_CHUNK, dtype=torch.float64)
+        for sources, flat, lo, hi in mine:
+            for c in range(lo, hi, _MEAN_CHUNK):
+                d = min(c + _MEAN_CHUNK, hi)
+                acc = acc_buf[: d - c].zero_()
+                for weight, src in zip(w, sources):
+                    if weight == 1.0:  # exact widening, then the same float64 add: faster, same bits
+                        acc.add_(tmp_buf[: d - c].copy_(src[c:d]))
+                    else:  # in-place mixed-dtype add: computed in float64
+                        acc.add_(src[c:d], alpha=weight)
+                flat[c:d].copy_(acc.mul_(inv) if inv is not None else acc.div_(total))
+
+    threads = max(1, min(threads, len(blocks)))
+    if threads == 1:
+        run(blocks)
+    else:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="allreduce-mean") as pool:
+            list(pool.map(run, [blocks[i::threads] for i in range(threads)]))
     return out
 
 
 def _finite(t: torch.Tensor) -> bool:
-    """No NaN or inf in ``t``: one float64 sum (NaN/inf propagate; finite fp32 values cannot overflow it)."""
-    return not t.is_floating_point() or math.isfinite(float(t.sum(dtype=torch.float64)))
+    """No NaN or inf in ``t``. A NaN or inf makes the (fast, native-dtype) sum non-finite; a sum that
+    overflows without one is settled by the exact element-wise check."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return True
+    return math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all())
 
 
-def _fetch(store: ObjectStore, key: str, like: Mapping[str, torch.Tensor]):
-    blob, meta = store.get(key)
-    parsed, why = _validate(blob, meta, like)
-    return parsed, why, meta
+def read_object(store: ObjectStore, key: str) -> tuple[Any, dict[str, str], str]:
+    """``(content, metadata, sha256 hex)`` of ``key``, hashed while it streams into one buffer.
+
+    The content is a writable buffer (an uninitialised numpy array: no pass to zero it first).
+    """
+    opener = getattr(store, "open_read", None)
+    if opener is None:  # a store with only the basic protocol
+        data, meta = store.get(key)
+        return bytearray(data), meta, hashlib.sha256(data).hexdigest()
+    stream, size, meta = opener(key)
+    buf, h, pos = np.empty(size, dtype=np.uint8), hashlib.sha256(), 0
+    view = memoryview(buf)
+    with stream:
+        while pos < size:
+            n = stream.readinto(view[pos : min(pos + _READ_CHUNK, size)])
+            if not n:
+                return bytearray(), meta, f"<truncated at {pos} of {size} bytes>"  # cannot match
+            h.update(view[pos : pos + n])
+            pos += n
+    return buf, meta, h.hexdigest()
 
 
 def _validate(
-    data: bytes, meta: Mapping[str, str], like: Mapping[str, torch.Tensor], expect_sha: str | None = None
+    data: Any,
+    meta: Mapping[str, str],
+    sha: str,
+    like: Mapping[str, torch.Tensor],
+    expect_sha: str | None = None,
 ) -> tuple[dict[str, torch.Tensor] | None, str]:
-    """Parse and check one upload; ``(tensors, "")`` if good, ``(None, reason)`` if not."""
-    from safetensors.torch import load
-
-    sha = _sha256(data)
+    """Check one upload; ``(tensors, "")`` if good (views on ``data``), ``(None, reason)`` if not."""
     if meta.get("sha256") != sha:
         return None, f"sha256 mismatch (metadata {meta.get('sha256')!r}, content {sha})"
     if expect_sha is not None and sha != expect_sha:
         return None, f"content sha256 {sha} differs from the manifest's {expect_sha}"
     try:
-        tensors = load(data)
-    except Exception as exc:  # a malformed file is a rejected upload, not a crash
+        tensors = tensorfile.decode(data)
+    except ValueError as exc:  # a malformed file is a rejected upload, not a crash
         return None, f"not a safetensors file: {exc}"
     if sorted(tensors) != sorted(like):
         return None, f"tensor names differ: {sorted(set(tensors) ^ set(like))[:5]}"
@@ -128,6 +190,39 @@ def _validate(
         if not _finite(t):
             return None, f"{name}: non-finite values"
     return tensors, ""
+
+
+def _fetch(
+    store: ObjectStore, key: str, like: Mapping[str, torch.Tensor], expect_sha: str | None = None
+) -> tuple[dict[str, torch.Tensor] | None, str, dict[str, str]]:
+    data, meta, sha = read_object(store, key)
+    parsed, why = _validate(data, meta, sha, like, expect_sha)
+    return parsed, why, {**meta, "sha256": sha}
+
+
+def _upload(
+    store: ObjectStore, key: str, like: Mapping[str, torch.Tensor], rank: int, weight: float
+) -> tuple[bool, str, bool]:
+    """Create this replica's upload: ``(created, sha256, finite)``."""
+    parts = tensorfile.encode(like)
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part)
+    meta = {"sha256": h.hexdigest(), "rank": str(rank), "weight": repr(float(weight))}
+    finite = all(_finite(t) for t in like.values())
+    put_parts = getattr(store, "put_parts_if_absent", None)
+    if put_parts is not None:
+        created = put_parts(key, parts, metadata=meta)
+    else:
+        created = store.put_if_absent(key, b"".join(parts), metadata=meta)
+    return created, meta["sha256"], finite
+
+
+def _read_manifest(store: ObjectStore, prefix: str) -> dict[str, Any] | None:
+    try:
+        return json.loads(store.get(f"{prefix}/{MANIFEST}")[0])
+    except KeyError:
+        return None
 
 
 def object_store_allreduce(
@@ -171,37 +266,30 @@ def object_store_allreduce(
     prefix = round_prefix(run_id, round_index)
     like = {k: t.detach().cpu() for k, t in tensors.items()}
     valid: dict[int, tuple[dict[str, torch.Tensor], str, float]] = {}
-    if upload:
-        data = _serialize(like)
-        meta = {"sha256": _sha256(data), "rank": str(rank), "weight": repr(float(weight))}
-        finite = all(_finite(t) for t in like.values())
-        created = store.put_if_absent(f"{prefix}/delta/{rank:05d}.safetensors", data, metadata=meta)
-        if created and finite:
-            # our own upload: no need to download it again (a retry re-reads whatever won, below)
-            valid[rank] = (like, meta["sha256"], float(weight))
-        del data
     rejected: dict[int, str] = {}
-    manifest: dict | None = None
-    writer: int | None = None
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="allreduce-get") as pool:
-        while manifest is None:
-            try:
-                manifest = json.loads(store.get(f"{prefix}/{MANIFEST}")[0])
-                break
-            except KeyError:
-                pass
-            new = {}
+    with ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="allreduce") as pool:
+        # our upload and the downloads of the others' run at the same time
+        own: Future | None = None
+        if upload:
+            own = pool.submit(_upload, store, f"{prefix}/delta/{rank:05d}.safetensors", like, rank, weight)
+        while (manifest := _read_manifest(store, prefix)) is None:
+            fetches: dict[int, Future] = {}
             for key in store.list(f"{prefix}/delta/"):
                 r = int(key.rsplit("/", 1)[1].split(".", 1)[0])
-                if r not in valid and r not in rejected and 0 <= r < world_size:
-                    new[r] = key
-            # fetch and check the new uploads concurrently: GETs wait on the network, and sha256 and
-            # the torch checks release the GIL
-            for r, (parsed, why, m) in zip(new, pool.map(lambda k: _fetch(store, k, like), new.values())):
+                if r in valid or r in rejected or not 0 <= r < world_size or (r == rank and own is not None):
+                    continue  # known, out of range, or our own upload still in flight
+                fetches[r] = pool.submit(_fetch, store, key, like)
+            if own is not None:
+                created, sha, finite = own.result()
+                own = None
+                if created and finite:  # no need to download it again (a retry re-reads what won)
+                    valid[rank] = (like, sha, float(weight))
+            for r, fut in fetches.items():  # every upload seen is judged before deciding, as one pass
+                parsed, why, meta = fut.result()
                 if parsed is None:
                     rejected[r] = why
                 else:
-                    valid[r] = (parsed, m["sha256"], float(m.get("weight", "1.0")))
+                    valid[r] = (parsed, meta["sha256"], float(meta.get("weight", "1.0")))
             now = clock() - start
             if len(valid) == world_size or (now >= deadline_s and len(valid) >= min_participants):
                 ranks = sorted(valid)
@@ -214,9 +302,11 @@ def object_store_allreduce(
                     "writer": rank,
                 }
                 body = json.dumps(proposal, sort_keys=True).encode()
-                if store.put_if_absent(f"{prefix}/{MANIFEST}", body, metadata={"sha256": _sha256(body)}):
+                sha = hashlib.sha256(body).hexdigest()
+                if store.put_if_absent(f"{prefix}/{MANIFEST}", body, metadata={"sha256": sha}):
                     manifest = proposal
-                continue  # lost the race (or won): read the winner on the next pass
+                    break
+                continue  # lost the race: read the winner on the next pass
             if now >= timeout_s:
                 raise AllReduceError(
                     f"round {round_index} of {run_id!r}: no manifest after {timeout_s:.0f}s; "
@@ -224,21 +314,24 @@ def object_store_allreduce(
                     f"on {store.describe()}"
                 )
             time.sleep(poll_interval_s)
+        if own is not None:
+            own.result()  # a manifest already existed; our upload still ends (and is excluded)
 
-    writer = manifest.get("writer")
-    contributions: dict[int, dict[str, torch.Tensor]] = {}
-    weights: dict[int, float] = {}
-    for r in manifest["participants"]:
-        want = manifest["sha256"][str(r)]
-        if r in valid and valid[r][1] == want:
-            contributions[r] = valid[r][0]
-        else:  # we had not seen (or had rejected) what the manifest's writer accepted: fetch it again
-            blob, m = store.get(f"{prefix}/delta/{r:05d}.safetensors")
-            parsed, why = _validate(blob, m, like, expect_sha=want)
+        contributions: dict[int, dict[str, torch.Tensor]] = {}
+        refetch: dict[int, Future] = {}
+        for r in manifest["participants"]:
+            want = manifest["sha256"][str(r)]
+            if r in valid and valid[r][1] == want:
+                contributions[r] = valid[r][0]
+            else:  # we had not seen (or had rejected) what the manifest's writer accepted: fetch it again
+                key = f"{prefix}/delta/{r:05d}.safetensors"
+                refetch[r] = pool.submit(_fetch, store, key, like, want)
+        for r, fut in refetch.items():
+            parsed, why, _ = fut.result()
             if parsed is None:
                 raise AllReduceError(f"round {round_index}: manifest entry for rank {r} is unusable: {why}")
             contributions[r] = parsed
-        weights[r] = float(manifest["weights"][str(r)])
+    weights = {r: float(manifest["weights"][str(r)]) for r in manifest["participants"]}
     mean = fixed_order_mean(contributions, weights)
     rejected.update({int(r): why for r, why in manifest.get("rejected", {}).items()})
     return AllReduceResult(
@@ -247,6 +340,6 @@ def object_store_allreduce(
         included=rank in manifest["participants"],
         round=round_index,
         rejected=rejected,
-        manifest_writer=writer,
+        manifest_writer=manifest.get("writer"),
         seconds=clock() - start,
     )

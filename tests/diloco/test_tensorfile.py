@@ -1,0 +1,203 @@
+"""The all-reduce's zero-copy pieces: safetensors encode/decode (strict, interchangeable with the
+safetensors library), streaming reads hashed on the way in, the fast finiteness check, and the
+sliced float64 mean (bit-identical to the whole-tensor accumulation it replaced)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import threading
+
+import pytest
+import torch
+from safetensors.torch import load, save
+
+from composer_replication.diloco.serverless.allreduce import (
+    _finite,
+    fixed_order_mean,
+    object_store_allreduce,
+    read_object,
+    round_prefix,
+)
+from composer_replication.diloco.serverless.store import LocalDirStore
+from composer_replication.diloco.serverless.tensorfile import decode, encode
+
+
+def _tensors():
+    g = torch.Generator().manual_seed(0)
+    return {
+        "w": torch.randn(7, 5, generator=g),
+        "half": torch.randn(3, generator=g).to(torch.bfloat16),
+        "d": torch.randn(2, 2, generator=g, dtype=torch.float64),
+        "i": torch.arange(5, dtype=torch.int8),
+        "mask": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+        "t": torch.randn(4, 6, generator=g).t(),  # non-contiguous input
+    }
+
+
+def _blob(parts) -> bytes:
+    return b"".join(bytes(p) for p in parts)
+
+
+def test_encode_is_read_by_safetensors_and_decode_reads_safetensors():
+    t = _tensors()
+    back = load(_blob(encode(t)))
+    mine = decode(bytearray(save({k: v.contiguous() for k, v in t.items()})))
+    for k, v in t.items():
+        assert torch.equal(back[k], v) and back[k].dtype == v.dtype and back[k].shape == v.shape
+        assert torch.equal(mine[k], v) and mine[k].dtype == v.dtype and mine[k].shape == v.shape
+
+
+def test_decode_returns_views_on_the_buffer():
+    buf = bytearray(_blob(encode({"w": torch.zeros(4)})))
+    w = decode(buf)["w"]
+    buf[-4:] = struct.pack("<f", 7.0)  # the last element's bytes
+    assert w[-1].item() == 7.0
+
+
+def _raw(text: bytes, data: bytes) -> bytearray:
+    return bytearray(struct.pack("<Q", len(text)) + text + data)
+
+
+def _file(header: dict, data: bytes, pad: bool = True) -> bytearray:
+    text = json.dumps(header).encode()
+    if pad:
+        text += b" " * (-len(text) % 8)
+    return bytearray(struct.pack("<Q", len(text)) + text + data)
+
+
+@pytest.mark.parametrize(
+    ("buf", "match"),
+    [
+        (bytearray(b"\x01\x02"), "shorter than the 8-byte header length"),
+        (bytearray(struct.pack("<Q", 10**6) + b"{}"), "does not fit"),
+        (bytearray(struct.pack("<Q", 4) + b"{no}"), "not valid JSON"),
+        (bytearray(struct.pack("<Q", 2) + b"[]"), "not a JSON object"),
+        (
+            _raw(b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "a": {}}', bytes(4)),
+            "duplicate tensor name",
+        ),  # fmt: skip  # fmt: skip
+        (_file({"a": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}, bytes(4)), "unsupported dtype"),
+        (_file({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, bytes(4)), "4 bytes for shape"),
+        (_file({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, bytes(4)), "non-negative"),
+        (_file({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 8]}}, bytes(4)), "outside"),
+        (
+            _file({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, bytes(8)),
+            "a gap or an overlap",
+        ),
+        (
+            _file(
+                {
+                    "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                    "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+                },
+                bytes(8),
+            ),  # fmt: skip
+            "a gap or an overlap",
+        ),
+        (_file({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, bytes(8)), "cover 4 of the 8"),
+        (_file({"a": {"dtype": "F32", "shape": [1]}}, bytes(4)), "exactly dtype, shape and data_offsets"),
+        (_file({"__metadata__": {"k": 1}}, b""), "__metadata__"),
+    ],
+)
+def test_decode_rejects_malformed_files(buf, match):
+    with pytest.raises(ValueError, match=match):
+        decode(buf)
+
+
+def test_malformed_upload_with_a_valid_checksum_is_rejected(tmp_path):
+    # a replica that hashes garbage correctly: the checksum passes, the structure check does not
+    store = LocalDirStore(tmp_path)
+    junk = bytes(_file({"w": {"dtype": "F32", "shape": [9], "data_offsets": [0, 36]}}, bytes(8)))
+    store.put_if_absent(f"{round_prefix('run', 0)}/delta/00001.safetensors", junk,
+                        metadata={"sha256": hashlib.sha256(junk).hexdigest(), "weight": "1.0"})  # fmt: skip
+    res = object_store_allreduce(
+        store, {"w": torch.ones(9)}, run_id="run", round_index=0, rank=0, world_size=2, deadline_s=0.2
+    )
+    assert res.participants == [0] and "not a safetensors file" in res.rejected[1]
+
+
+def test_read_object_streams_and_hashes(tmp_path):
+    store = LocalDirStore(tmp_path)
+    data = bytes(range(256)) * 40_000  # 10 MB: several read chunks
+    store.put_parts_if_absent("k", [data[:5], memoryview(data)[5:]], metadata={"m": "1"})
+    buf, meta, sha = read_object(store, "k")
+    assert bytes(buf) == data and meta == {"m": "1"} and sha == hashlib.sha256(data).hexdigest()
+    assert store.get("k") == (data, {"m": "1"})
+
+    class Plain:  # a store with only the basic protocol still works
+        get = store.get
+
+    assert read_object(Plain(), "k")[2] == sha
+
+
+def test_finite_check():
+    assert _finite(torch.tensor([3e38, 3e38]))  # the sum overflows, the values are finite
+    assert not _finite(torch.tensor([1.0, float("nan")]))
+    assert not _finite(torch.tensor([float("inf"), float("-inf")]))
+    assert not _finite(torch.tensor([float("-inf")], dtype=torch.bfloat16))
+    assert _finite(torch.zeros(0)) and _finite(torch.arange(3))
+
+
+def _whole_tensor_mean(contributions, weights):
+    """The accumulation fixed_order_mean replaced: one float64 tensor per name, ranks in order."""
+    ranks = sorted(contributions)
+    total = sum(weights[r] for r in ranks)
+    out = {}
+    for name, ref in contributions[ranks[0]].items():
+        acc = torch.zeros(ref.shape, dtype=torch.float64)
+        for r in ranks:
+            acc.add_(contributions[r][name], alpha=weights[r])
+        out[name] = acc.div_(total).to(ref.dtype)
+    return out
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        {0: 1.0, 1: 1.0, 2: 1.0},
+        {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0},
+        {0: 0.3, 1: 1 / 3, 2: 7.1},
+        {0: 1.0, 1: 0.5, 2: 2.5},
+    ],
+)
+def test_sliced_mean_is_bit_identical_to_whole_tensor_accumulation(weights):
+    g = torch.Generator().manual_seed(1)
+    contributions = {
+        r: {
+            "big": torch.randn(3 * 65536 + 17, generator=g) * 10.0**r,  # several slices and a ragged tail
+            "m": torch.randn(33, 47, generator=g),
+            "bf": torch.randn(100, generator=g).to(torch.bfloat16),
+            "f64": torch.randn(70_001, generator=g, dtype=torch.float64),
+            "nc": torch.randn(300, 200, generator=g).t(),
+        }
+        for r in weights
+    }
+    contributions[0]["big"][:5] = -0.0  # signed zeros everywhere in the first slots
+    for r in weights:
+        contributions[r]["m"][0, :3] = -0.0
+    ref, got = _whole_tensor_mean(contributions, weights), fixed_order_mean(contributions, weights)
+    for k in ref:
+        assert got[k].dtype == ref[k].dtype and got[k].shape == ref[k].shape
+        assert torch.equal(got[k].contiguous().view(torch.uint8), ref[k].contiguous().view(torch.uint8)), k
+
+
+def test_upload_and_downloads_overlap_and_agree(tmp_path):
+    # four replicas at once on one store: every one gets the same bits (the upload runs in the pool)
+    store = LocalDirStore(tmp_path)
+    g = torch.Generator().manual_seed(2)
+    contrib = {r: {"w": torch.randn(1000, generator=g), "b": torch.randn(3, generator=g)} for r in range(4)}
+    out = {}
+
+    def body(r):
+        out[r] = object_store_allreduce(store, contrib[r], run_id="o", round_index=0, rank=r, world_size=4)
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(4)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    ref = fixed_order_mean(contrib)
+    for r in range(4):
+        assert out[r].participants == [0, 1, 2, 3] and torch.equal(out[r].tensors["w"], ref["w"])
