@@ -14,7 +14,6 @@ import torch
 from safetensors.torch import load, save
 
 from composer_replication.diloco.serverless.allreduce import (
-    _finite,
     fixed_order_mean,
     object_store_allreduce,
     read_object,
@@ -22,6 +21,7 @@ from composer_replication.diloco.serverless.allreduce import (
 )
 from composer_replication.diloco.serverless.store import LocalDirStore
 from composer_replication.diloco.serverless.tensorfile import decode, encode
+from composer_replication.diloco.serverless.tensorfile import finite as _finite
 
 
 def _tensors():
@@ -201,3 +201,71 @@ def test_upload_and_downloads_overlap_and_agree(tmp_path):
     ref = fixed_order_mean(contrib)
     for r in range(4):
         assert out[r].participants == [0, 1, 2, 3] and torch.equal(out[r].tensors["w"], ref["w"])
+
+
+def _upload(store, run, r, tensors, *, damage=None, weight="1.0"):
+    data = b"".join(bytes(p) for p in encode(tensors))
+    sha = hashlib.sha256(data).hexdigest()
+    if damage is not None:
+        data = damage(data)
+    store.put_if_absent(f"{round_prefix(run, 0)}/delta/{r:05d}.safetensors", data,
+                        metadata={"sha256": sha, "weight": weight})  # fmt: skip
+
+
+def _contribs(n, size=300_000, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return {r: {"w": torch.randn(size, generator=g), "b": torch.randn(7, 3, generator=g), "z": torch.zeros(0)}
+            for r in range(n)}  # fmt: skip
+
+
+@pytest.fixture(params=["local", "moto"])
+def any_store(request, tmp_path):
+    return (
+        LocalDirStore(tmp_path / "s") if request.param == "local" else request.getfixturevalue("moto_store")
+    )
+
+
+@pytest.mark.parametrize("weights", [("1.0", "1.0", "1.0"), ("0.3", "2.0", "7.1")])
+def test_last_replica_streams_and_matches_the_reference_bits(any_store, weights):
+    c = _contribs(4)
+    for r in (1, 2, 3):
+        _upload(any_store, "s", r, c[r], weight=weights[r - 1])
+    res = object_store_allreduce(any_store, c[0], run_id="s", round_index=0, rank=0, world_size=4)
+    assert res.streamed and res.participants == [0, 1, 2, 3] and res.included
+    ref = fixed_order_mean(c, {0: 1.0, **{r: float(weights[r - 1]) for r in (1, 2, 3)}})
+    for k in ref:
+        assert torch.equal(res.tensors[k], ref[k]) and res.tensors[k].shape == ref[k].shape
+    # an early replica (general path) reads the manifest and gets the same bits
+    late = object_store_allreduce(
+        any_store, c[1], run_id="s", round_index=0, rank=1, world_size=4, upload=False
+    )
+    assert not late.streamed and torch.equal(late.tensors["w"], res.tensors["w"])
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda d: d[:-3] + bytes([d[-3] ^ 0xFF]) + d[-2:], "sha256 mismatch"),  # bit rot in the last window
+        (lambda d: d[: len(d) // 2], "sha256 mismatch"),  # truncated: the general path judges it
+    ],
+)
+def test_streaming_falls_back_when_an_upload_is_bad(tmp_path, damage, reason):
+    store = LocalDirStore(tmp_path)
+    c = _contribs(3)
+    _upload(store, "s", 1, c[1], damage=damage)
+    _upload(store, "s", 2, c[2])
+    res = object_store_allreduce(store, c[0], run_id="s", round_index=0, rank=0, world_size=3, deadline_s=0.2)
+    assert not res.streamed and res.participants == [0, 2] and reason in res.rejected[1]
+    assert torch.equal(res.tensors["w"], fixed_order_mean({0: c[0], 2: c[2]})["w"])
+
+
+def test_streaming_rejects_non_finite_and_foreign_layouts(tmp_path):
+    store = LocalDirStore(tmp_path)
+    c = _contribs(4)
+    c[1]["w"][250_000] = float("inf")  # deep inside a later window
+    _upload(store, "s", 1, c[1])
+    _upload(store, "s", 2, {"other": c[2]["w"], "b": c[2]["b"], "z": c[2]["z"]})  # different names
+    _upload(store, "s", 3, c[3])
+    res = object_store_allreduce(store, c[0], run_id="s", round_index=0, rank=0, world_size=4, deadline_s=0.2)
+    assert res.participants == [0, 3] and "w: non-finite values" in res.rejected[1]
+    assert "tensor names differ" in res.rejected[2]

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,7 +39,9 @@ import numpy as np
 import torch
 
 from composer_replication.diloco.serverless import tensorfile
+from composer_replication.diloco.serverless.mean import fixed_order_mean
 from composer_replication.diloco.serverless.store import ObjectStore
+from composer_replication.diloco.serverless.stream_mean import fusable, stream_mean
 
 __all__ = [
     "AllReduceResult",
@@ -53,8 +54,6 @@ __all__ = [
 
 MANIFEST = "MANIFEST.json"
 _READ_CHUNK = 4 << 20  # bytes per read: hashed while still in cache
-_MEAN_CHUNK = 1 << 16  # elements per slice of the mean (a multiple of every SIMD width)
-_MEAN_BLOCK = 1 << 20  # elements per unit of work handed to a thread (a multiple of _MEAN_CHUNK)
 _WORKERS = 4
 
 
@@ -73,74 +72,11 @@ class AllReduceResult:
     rejected: dict[int, str] = field(default_factory=dict)
     manifest_writer: int | None = None
     seconds: float = 0.0
+    streamed: bool = False  # averaged while streaming (the last replica to arrive; see .stream_mean)
 
 
 def round_prefix(run_id: str, round_index: int) -> str:
     return f"{run_id}/round/{round_index:06d}"
-
-
-def fixed_order_mean(
-    contributions: Mapping[int, Mapping[str, torch.Tensor]],
-    weights: Mapping[int, float] | None = None,
-    *,
-    threads: int = 2,
-) -> dict[str, torch.Tensor]:
-    """Weighted mean of per-rank tensor dicts, in ascending rank order, accumulated in float64.
-
-    Pure and deterministic: the reference that every replica (and the single-process simulation)
-    computes identically. The result has each tensor's original dtype. Each element is
-    ``(((0 + w_0·x_0) + w_1·x_1) + ...) / Σw`` in float64, rounded once. The work runs over slices
-    that stay in cache, split between ``threads`` threads; that changes the speed, never the bits
-    (every element is computed alone, by the same operations, whichever slice or thread holds it).
-    """
-    ranks = sorted(contributions)
-    if not ranks:
-        raise ValueError("fixed_order_mean needs at least one contribution")
-    w = [float(weights[r]) if weights else 1.0 for r in ranks]
-    total = sum(w)
-    first = contributions[ranks[0]]
-    out: dict[str, torch.Tensor] = {}
-    blocks = []  # (sources, output, lo, hi): independent pieces of work
-    for name in sorted(first):
-        ref = first[name]
-        sources = [contributions[r][name].reshape(-1) for r in ranks]
-        flat = torch.empty(ref.numel(), dtype=ref.dtype)
-        out[name] = flat.view(ref.shape)
-        for lo in range(0, ref.numel(), _MEAN_BLOCK):
-            blocks.append((sources, flat, lo, min(lo + _MEAN_BLOCK, ref.numel())))
-
-    # x / total == x * (1 / total) exactly when 1 / total is exact (a power of two: 2, 4, 8 replicas)
-    inv = 1.0 / total if math.frexp(total)[0] == 0.5 else None
-
-    def run(mine: list[tuple[list[torch.Tensor], torch.Tensor, int, int]]) -> None:
-        acc_buf = torch.empty(_MEAN_CHUNK, dtype=torch.float64)
-        tmp_buf = torch.empty(_MEAN_CHUNK, dtype=torch.float64)
-        for sources, flat, lo, hi in mine:
-            for c in range(lo, hi, _MEAN_CHUNK):
-                d = min(c + _MEAN_CHUNK, hi)
-                acc = acc_buf[: d - c].zero_()
-                for weight, src in zip(w, sources):
-                    if weight == 1.0:  # exact widening, then the same float64 add: faster, same bits
-                        acc.add_(tmp_buf[: d - c].copy_(src[c:d]))
-                    else:  # in-place mixed-dtype add: computed in float64
-                        acc.add_(src[c:d], alpha=weight)
-                flat[c:d].copy_(acc.mul_(inv) if inv is not None else acc.div_(total))
-
-    threads = max(1, min(threads, len(blocks)))
-    if threads == 1:
-        run(blocks)
-    else:
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="allreduce-mean") as pool:
-            list(pool.map(run, [blocks[i::threads] for i in range(threads)]))
-    return out
-
-
-def _finite(t: torch.Tensor) -> bool:
-    """No NaN or inf in ``t``. A NaN or inf makes the (fast, native-dtype) sum non-finite; a sum that
-    overflows without one is settled by the exact element-wise check."""
-    if not t.is_floating_point() or t.numel() == 0:
-        return True
-    return math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def read_object(store: ObjectStore, key: str) -> tuple[Any, dict[str, str], str]:
@@ -187,7 +123,7 @@ def _validate(
         ref = like[name]
         if t.shape != ref.shape or t.dtype != ref.dtype:
             return None, f"{name}: {tuple(t.shape)}/{t.dtype}, expected {tuple(ref.shape)}/{ref.dtype}"
-        if not _finite(t):
+        if not tensorfile.finite(t):
             return None, f"{name}: non-finite values"
     return tensors, ""
 
@@ -209,7 +145,7 @@ def _upload(
     for part in parts:
         h.update(part)
     meta = {"sha256": h.hexdigest(), "rank": str(rank), "weight": repr(float(weight))}
-    finite = all(_finite(t) for t in like.values())
+    finite = all(tensorfile.finite(t) for t in like.values())
     put_parts = getattr(store, "put_parts_if_absent", None)
     if put_parts is not None:
         created = put_parts(key, parts, metadata=meta)
@@ -223,6 +159,70 @@ def _read_manifest(store: ObjectStore, prefix: str) -> dict[str, Any] | None:
         return json.loads(store.get(f"{prefix}/{MANIFEST}")[0])
     except KeyError:
         return None
+
+
+def _rank_of(key: str) -> int:
+    return int(key.rsplit("/", 1)[1].split(".", 1)[0])
+
+
+def _propose(store: ObjectStore, prefix: str, proposal: dict[str, Any]) -> dict[str, Any]:
+    """Try to create the manifest; the manifest that exists afterwards (ours or the winner's)."""
+    body = json.dumps(proposal, sort_keys=True).encode()
+    if store.put_if_absent(
+        f"{prefix}/{MANIFEST}", body, metadata={"sha256": hashlib.sha256(body).hexdigest()}
+    ):
+        return proposal
+    manifest = _read_manifest(store, prefix)
+    assert manifest is not None, "a create-only write lost to a manifest that does not exist"
+    return manifest
+
+
+def _fast_round(
+    store: ObjectStore,
+    prefix: str,
+    like: Mapping[str, torch.Tensor],
+    own: Future,
+    *,
+    rank: int,
+    world_size: int,
+    weight: float,
+    round_index: int,
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None, dict[int, str]]:
+    """The last replica to arrive: stream the others' uploads and average them on the way in.
+
+    Returns ``(mean, manifest, rejected)``; ``mean`` is None when the general path must take over
+    (someone missing or rejected, a file it must judge, or a manifest listing something else).
+    """
+    keys = {
+        r: key
+        for key in store.list(f"{prefix}/delta/")
+        if (r := _rank_of(key)) != rank and 0 <= r < world_size
+    }
+    if len(keys) != world_size - 1:
+        return None, None, {}
+    streamed = stream_mean(store, keys, like, rank=rank, weight=weight)
+    created, sha, finite = own.result()
+    if streamed.mean is None or not (created and finite):
+        return None, None, streamed.rejected
+    ranks = sorted([rank, *keys])
+    digests = {**streamed.sha256, rank: sha}
+    manifest = _propose(
+        store,
+        prefix,
+        {
+            "round": round_index,
+            "participants": ranks,
+            "sha256": {str(r): digests[r] for r in ranks},
+            "weights": {str(r): streamed.weights[r] for r in ranks},
+            "rejected": {},
+            "writer": rank,
+        },
+    )
+    same = manifest["participants"] == ranks and all(
+        manifest["sha256"][str(r)] == digests[r] and float(manifest["weights"][str(r)]) == streamed.weights[r]
+        for r in ranks
+    )
+    return (streamed.mean if same else None), manifest, {}
 
 
 def object_store_allreduce(
@@ -267,15 +267,28 @@ def object_store_allreduce(
     like = {k: t.detach().cpu() for k, t in tensors.items()}
     valid: dict[int, tuple[dict[str, torch.Tensor], str, float]] = {}
     rejected: dict[int, str] = {}
+    mean: dict[str, torch.Tensor] | None = None
     with ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="allreduce") as pool:
         # our upload and the downloads of the others' run at the same time
         own: Future | None = None
         if upload:
             own = pool.submit(_upload, store, f"{prefix}/delta/{rank:05d}.safetensors", like, rank, weight)
-        while (manifest := _read_manifest(store, prefix)) is None:
+        manifest = _read_manifest(store, prefix)
+        if manifest is None and own is not None and world_size > 1 and fusable(like):
+            mean, manifest, rejected = _fast_round(
+                store,
+                prefix,
+                like,
+                own,
+                rank=rank,
+                world_size=world_size,
+                weight=weight,
+                round_index=round_index,
+            )
+        while manifest is None and (manifest := _read_manifest(store, prefix)) is None:
             fetches: dict[int, Future] = {}
             for key in store.list(f"{prefix}/delta/"):
-                r = int(key.rsplit("/", 1)[1].split(".", 1)[0])
+                r = _rank_of(key)
                 if r in valid or r in rejected or not 0 <= r < world_size or (r == rank and own is not None):
                     continue  # known, out of range, or our own upload still in flight
                 fetches[r] = pool.submit(_fetch, store, key, like)
@@ -293,20 +306,19 @@ def object_store_allreduce(
             now = clock() - start
             if len(valid) == world_size or (now >= deadline_s and len(valid) >= min_participants):
                 ranks = sorted(valid)
-                proposal = {
-                    "round": round_index,
-                    "participants": ranks,
-                    "sha256": {str(r): valid[r][1] for r in ranks},
-                    "weights": {str(r): valid[r][2] for r in ranks},
-                    "rejected": {str(r): why for r, why in sorted(rejected.items())},
-                    "writer": rank,
-                }
-                body = json.dumps(proposal, sort_keys=True).encode()
-                sha = hashlib.sha256(body).hexdigest()
-                if store.put_if_absent(f"{prefix}/{MANIFEST}", body, metadata={"sha256": sha}):
-                    manifest = proposal
-                    break
-                continue  # lost the race: read the winner on the next pass
+                manifest = _propose(
+                    store,
+                    prefix,
+                    {
+                        "round": round_index,
+                        "participants": ranks,
+                        "sha256": {str(r): valid[r][1] for r in ranks},
+                        "weights": {str(r): valid[r][2] for r in ranks},
+                        "rejected": {str(r): why for r, why in sorted(rejected.items())},
+                        "writer": rank,
+                    },
+                )
+                break
             if now >= timeout_s:
                 raise AllReduceError(
                     f"round {round_index} of {run_id!r}: no manifest after {timeout_s:.0f}s; "
@@ -319,7 +331,7 @@ def object_store_allreduce(
 
         contributions: dict[int, dict[str, torch.Tensor]] = {}
         refetch: dict[int, Future] = {}
-        for r in manifest["participants"]:
+        for r in manifest["participants"] if mean is None else []:
             want = manifest["sha256"][str(r)]
             if r in valid and valid[r][1] == want:
                 contributions[r] = valid[r][0]
@@ -331,8 +343,10 @@ def object_store_allreduce(
             if parsed is None:
                 raise AllReduceError(f"round {round_index}: manifest entry for rank {r} is unusable: {why}")
             contributions[r] = parsed
-    weights = {r: float(manifest["weights"][str(r)]) for r in manifest["participants"]}
-    mean = fixed_order_mean(contributions, weights)
+    streamed = mean is not None
+    if mean is None:
+        weights = {r: float(manifest["weights"][str(r)]) for r in manifest["participants"]}
+        mean = fixed_order_mean(contributions, weights)
     rejected.update({int(r): why for r, why in manifest.get("rejected", {}).items()})
     return AllReduceResult(
         tensors=mean,
@@ -342,4 +356,5 @@ def object_store_allreduce(
         rejected=rejected,
         manifest_writer=manifest.get("writer"),
         seconds=clock() - start,
+        streamed=streamed,
     )

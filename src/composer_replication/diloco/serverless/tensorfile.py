@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["encode", "decode", "nbytes"]
+__all__ = ["encode", "decode", "layout", "nbytes", "finite"]
 
 _DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64",
@@ -44,6 +44,11 @@ def _byte_view(t: torch.Tensor) -> memoryview:
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
+def layout(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors in file order: widest dtype first (every tensor stays aligned), then by name."""
+    return sorted(tensors.items(), key=lambda kv: (-kv[1].element_size(), kv[0]))
+
+
 def encode(tensors: Mapping[str, torch.Tensor]) -> list[Any]:
     """The safetensors file of ``tensors`` as buffers whose concatenation is the file.
 
@@ -51,12 +56,11 @@ def encode(tensors: Mapping[str, torch.Tensor]) -> list[Any]:
     tensors alive and unchanged until the buffers are written.
     """
     items = []
-    for name, t in tensors.items():
+    for name, t in layout(tensors):
         t = t.detach().cpu().contiguous()
         if t.dtype not in _DTYPES:
             raise ValueError(f"{name}: dtype {t.dtype} cannot be exchanged (use one of {sorted(_CODES)})")
         items.append((name, t))
-    items.sort(key=lambda kv: (-kv[1].element_size(), kv[0]))  # widest first: every tensor stays aligned
     header: dict[str, Any] = {}
     offset = 0
     for name, t in items:
@@ -151,3 +155,11 @@ def decode(buf: Any) -> dict[str, torch.Tensor]:
         else:
             out[name] = torch.frombuffer(buf, dtype=dtype, count=count, offset=start + begin).view(shape)
     return out
+
+
+def finite(t: torch.Tensor) -> bool:
+    """No NaN or inf in ``t``. A NaN or inf makes the (fast, native-dtype) sum non-finite; a sum that
+    overflows without one is settled by the exact element-wise check."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return True
+    return math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all())

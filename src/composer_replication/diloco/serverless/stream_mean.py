@@ -1,0 +1,200 @@
+"""The all-reduce's fast path: read every other upload once, in windows, and check and average each
+window while it is still in cache.
+
+When a replica arrives at a round whose other uploads are all there (the last to arrive: the
+round's critical path), it does not download them into whole-object buffers and average them
+afterwards. One reader thread per upload streams the object through a few small reused buffers,
+hashing each window as it lands; the calling thread takes the windows of every rank in lockstep,
+checks they are finite and accumulates them, in rank order, in float64 — the same operations per
+element as :func:`~composer_replication.diloco.serverless.allreduce.fixed_order_mean`, so the result
+has the same bits. Nothing is copied after the read, no page of a fresh object-sized buffer is
+touched, and the mean costs little more than the reads.
+
+It applies when every tensor has one floating dtype and every upload's safetensors header is
+byte-for-byte this replica's own (same names, shapes, dtypes, offsets). The result is only a
+candidate: the caller uses it if the round's manifest lists exactly these uploads with these sha256s;
+otherwise (a rejected upload, a different manifest) it falls back to the general path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from composer_replication.diloco.serverless import tensorfile
+from composer_replication.diloco.serverless.mean import SLICE, SliceMean
+
+__all__ = ["StreamedMean", "stream_mean", "fusable"]
+
+WINDOW = 4 << 20  # bytes per window (a multiple of every itemsize and of the mean's slice)
+_BUFFERS = 3  # windows in flight per upload
+
+
+@dataclass
+class StreamedMean:
+    """What streaming found: the candidate mean (None if unusable), and per rank its sha256 and weight."""
+
+    mean: dict[str, torch.Tensor] | None
+    sha256: dict[int, str] = field(default_factory=dict)
+    weights: dict[int, float] = field(default_factory=dict)
+    rejected: dict[int, str] = field(default_factory=dict)
+
+
+def fusable(like: Mapping[str, torch.Tensor]) -> bool:
+    """Whether the fast path applies: at least one element, and one floating dtype throughout."""
+    dtypes = {t.dtype for t in like.values()}
+    return len(dtypes) == 1 and next(iter(dtypes)).is_floating_point and any(t.numel() for t in like.values())
+
+
+def _read_exact(stream: Any, view: memoryview) -> int:
+    got = 0
+    while got < len(view):
+        n = stream.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+class _Reader(threading.Thread):
+    """Streams one upload's data region through ``_BUFFERS`` reused windows, hashing as it goes."""
+
+    def __init__(self, stream: Any, hasher: Any, data_len: int, stop: threading.Event) -> None:
+        super().__init__(daemon=True, name="allreduce-stream")
+        self.stream, self.hash, self.data_len, self.stop = stream, hasher, data_len, stop
+        self.free: queue.Queue[Any] = queue.Queue()
+        self.full: queue.Queue[tuple[Any, int]] = queue.Queue()
+        for _ in range(min(_BUFFERS, -(-data_len // WINDOW))):
+            self.free.put(np.empty(WINDOW, dtype=np.uint8))
+
+    def run(self) -> None:
+        pos = 0
+        try:
+            while pos < self.data_len:
+                buf = self.free.get()
+                if self.stop.is_set():
+                    return
+                want = min(WINDOW, self.data_len - pos)
+                view = memoryview(buf)[:want]
+                got = _read_exact(self.stream, view)
+                self.hash.update(view[:got])
+                if got < want:
+                    self.full.put((None, pos + got))  # truncated
+                    return
+                self.full.put((buf, want))
+                pos += want
+        except Exception as exc:  # a broken stream is a rejected upload, reported by the consumer
+            self.full.put((exc, pos))
+
+
+def _segments(sizes: list[int], lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """``(tensor index, start, end)`` element ranges of the tensors (flat, in file order) in [lo, hi)."""
+    out, base = [], 0
+    for i, n in enumerate(sizes):
+        a, b = max(lo, base), min(hi, base + n)
+        if a < b:
+            out.append((i, a - base, b - base))
+        base += n
+    return out
+
+
+def stream_mean(
+    store: Any,
+    keys: Mapping[int, str],
+    like: Mapping[str, torch.Tensor],
+    *,
+    rank: int,
+    weight: float,
+) -> StreamedMean:
+    """Stream the uploads ``keys`` (rank -> key, every rank but ``rank``) and average them with ``like``.
+
+    Returns the candidate mean over ``keys`` plus this replica, or ``mean=None`` with the reason in
+    ``rejected`` (an upload that is truncated, has a different header or non-finite values) or with
+    nothing rejected (the store cannot stream, or a header differs in a way only the general path
+    can judge).
+    """
+    opener = getattr(store, "open_read", None)
+    if opener is None:
+        return StreamedMean(None)
+    parts = tensorfile.encode(like)
+    header = bytes(parts[0])
+    names = [n for n, t in tensorfile.layout(like) if t.numel()]
+    own = [like[n].detach().cpu().contiguous().reshape(-1) for n in names]
+    sizes = [t.numel() for t in own]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    dtype = own[0].dtype
+    itemsize = own[0].element_size()
+    data_len = sum(sizes) * itemsize
+    result = StreamedMean(None, weights={rank: float(weight)})
+    n_elements = sum(sizes)
+    stop = threading.Event()
+    readers: dict[int, _Reader] = {}
+    try:
+        for r in sorted(keys):
+            stream, size, meta = opener(keys[r])
+            head = bytearray(len(header))
+            got = _read_exact(stream, memoryview(head))
+            if size != len(header) + data_len or got < len(header) or bytes(head) != header:
+                stream.close()
+                return result  # a different file: the general path judges it
+            hasher = hashlib.sha256(head)
+            result.weights[r] = float(meta.get("weight", "1.0"))
+            result.sha256[r] = meta.get("sha256", "")
+            readers[r] = _Reader(stream, hasher, data_len, stop)
+        for reader in readers.values():
+            reader.start()
+        ranks = sorted([rank, *readers])
+        slice_mean = SliceMean([result.weights[r] for r in ranks])
+        outs = [torch.empty(n, dtype=dtype) for n in sizes]
+        per_window = WINDOW // itemsize
+        for lo in range(0, n_elements, per_window):
+            hi = min(lo + per_window, n_elements)
+            windows: dict[int, torch.Tensor] = {}
+            bufs: dict[int, Any] = {}
+            for r, reader in readers.items():
+                buf, n = reader.full.get()
+                if not isinstance(buf, np.ndarray):
+                    why = f"stream failed: {buf}" if isinstance(buf, Exception) else f"truncated at byte {n}"
+                    result.rejected[r] = why
+                    return result
+                bufs[r] = buf
+                windows[r] = torch.frombuffer(buf, dtype=dtype, count=n // itemsize)
+            for i, a, b in _segments(sizes, lo, hi):
+                off = starts[i] - lo  # tensor i's element 0, in window coordinates
+                srcs = {r: win[off + a : off + b] for r, win in windows.items()}
+                for r, src in srcs.items():
+                    if not tensorfile.finite(src):
+                        result.rejected[r] = f"{names[i]}: non-finite values"
+                        return result
+                srcs[rank] = own[i][a:b]
+                for c in range(0, b - a, SLICE):
+                    d = min(c + SLICE, b - a)
+                    slice_mean(outs[i][a + c : a + d], [srcs[r][c:d] for r in ranks])
+            for r, reader in readers.items():
+                reader.free.put(bufs[r])  # the window is consumed: the reader may refill it
+        for r, reader in readers.items():
+            reader.join()
+            digest = reader.hash.hexdigest()
+            if result.sha256[r] != digest:
+                result.rejected[r] = f"sha256 mismatch (metadata {result.sha256[r]!r}, content {digest})"
+                result.sha256[r] = digest
+        if result.rejected:
+            return result
+        mean = {n: o.view(like[n].shape) for n, o in zip(names, outs)}
+        mean.update({n: torch.empty(t.shape, dtype=t.dtype) for n, t in like.items() if not t.numel()})
+        result.mean = mean
+        return result
+    finally:
+        stop.set()
+        for reader in readers.values():
+            reader.free.put(None)  # wake a reader waiting for a buffer
+            reader.stream.close()
+            if reader.ident is not None:  # started
+                reader.join(timeout=10)
