@@ -205,7 +205,11 @@ def main() -> int:
             if name == "local":
                 store = LocalDirStore(os.path.join(tmp, "local"))
             elif name == "moto":
+                import logging
+
                 from moto.server import ThreadedMotoServer
+
+                logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
 
                 os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
                 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")

@@ -8,12 +8,47 @@ logged or stored here.
 
 from __future__ import annotations
 
+import bisect
+import io
+import itertools
 import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["S3Store"]
+
+
+class _Concat(io.RawIOBase):
+    """A seekable read-only stream over the concatenation of buffers (botocore sizes, hashes and sends it)."""
+
+    def __init__(self, parts: Sequence[Any]) -> None:
+        self.views = [memoryview(p).cast("B") for p in parts]
+        self.starts = list(itertools.accumulate((v.nbytes for v in self.views), initial=0))
+        self.size, self.pos = self.starts[-1], 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = offset + (0, self.pos, self.size)[whence]
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        out, n = memoryview(buffer).cast("B"), 0
+        while n < len(out) and self.pos < self.size:
+            i = bisect.bisect_right(self.starts, self.pos) - 1
+            view, offset = self.views[i], self.pos - self.starts[i]
+            k = min(len(out) - n, view.nbytes - offset)
+            out[n : n + k] = view[offset : offset + k]
+            n, self.pos = n + k, self.pos + k
+        return n
 
 
 class S3Store:
@@ -64,6 +99,8 @@ class S3Store:
         from botocore.exceptions import ClientError
 
         for attempt in range(8):
+            if isinstance(data, _Concat):
+                data.seek(0)  # a retry sends the whole body again
             try:
                 self.client.put_object(
                     Bucket=self.bucket,
@@ -87,14 +124,8 @@ class S3Store:
     def put_parts_if_absent(
         self, key: str, parts: Sequence[Any], *, metadata: Mapping[str, str] | None = None
     ) -> bool:
-        # One PUT needs one contiguous body (its length and checksum come first): join once.
-        views = [memoryview(p).cast("B") for p in parts]
-        body = bytearray(sum(v.nbytes for v in views))
-        pos = 0
-        for v in views:
-            body[pos : pos + v.nbytes] = v
-            pos += v.nbytes
-        return self.put_if_absent(key, body, metadata=metadata)
+        # the body reads straight from the parts: no object-sized buffer is built to join them
+        return self.put_if_absent(key, _Concat(parts), metadata=metadata)
 
     def put(self, key: str, data: Any, *, metadata: Mapping[str, str] | None = None) -> None:
         self.client.put_object(
