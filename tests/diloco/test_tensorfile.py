@@ -269,3 +269,15 @@ def test_streaming_rejects_non_finite_and_foreign_layouts(tmp_path):
     res = object_store_allreduce(store, c[0], run_id="s", round_index=0, rank=0, world_size=4, deadline_s=0.2)
     assert res.participants == [0, 3] and "w: non-finite values" in res.rejected[1]
     assert "tensor names differ" in res.rejected[2]
+
+
+@pytest.mark.parametrize("weight", ["nan", "-1", "0", "inf", "heavy"])
+def test_an_upload_with_a_bad_weight_is_rejected(tmp_path, weight):
+    # one NaN weight in a manifest would make every replica's mean NaN
+    store = LocalDirStore(tmp_path)
+    c = _contribs(3, size=1000)
+    _upload(store, "s", 1, c[1], weight=weight)
+    _upload(store, "s", 2, c[2])
+    res = object_store_allreduce(store, c[0], run_id="s", round_index=0, rank=0, world_size=3, deadline_s=0.2)
+    assert res.participants == [0, 2] and "is not a finite positive number" in res.rejected[1]
+    assert torch.isfinite(res.tensors["w"]).all()

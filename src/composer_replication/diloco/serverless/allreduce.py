@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from composer_replication.diloco.serverless import tensorfile
-from composer_replication.diloco.serverless.mean import fixed_order_mean
+from composer_replication.diloco.serverless.mean import fixed_order_mean, upload_weight
 from composer_replication.diloco.serverless.store import ObjectStore
 from composer_replication.diloco.serverless.stream_mean import fusable, stream_mean
 
@@ -94,10 +94,11 @@ def read_object(store: ObjectStore, key: str) -> tuple[Any, dict[str, str], str]
     with stream:
         while pos < size:
             n = stream.readinto(view[pos : min(pos + _READ_CHUNK, size)])
-            if not n:
-                return bytearray(), meta, f"<truncated at {pos} of {size} bytes>"  # cannot match
+            if not n:  # the transfer, not the upload, is at fault: fail like any broken download
+                raise OSError(f"{key}: the read ended after {pos} of {size} bytes on {store.describe()}")
             h.update(view[pos : pos + n])
             pos += n
+        stream.readinto(bytearray(1))  # at the end: lets the client check and reuse the connection
     return buf, meta, h.hexdigest()
 
 
@@ -301,8 +302,10 @@ def object_store_allreduce(
                 parsed, why, meta = fut.result()
                 if parsed is None:
                     rejected[r] = why
+                elif (w := upload_weight(meta)) is None:
+                    rejected[r] = f"weight {meta.get('weight')!r} is not a finite positive number"
                 else:
-                    valid[r] = (parsed, meta["sha256"], float(meta.get("weight", "1.0")))
+                    valid[r] = (parsed, meta["sha256"], w)
             now = clock() - start
             if len(valid) == world_size or (now >= deadline_s and len(valid) >= min_participants):
                 ranks = sorted(valid)

@@ -20,10 +20,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-__all__ = ["fixed_order_mean", "SliceMean", "SLICE"]
+__all__ = ["fixed_order_mean", "SliceMean", "SLICE", "upload_weight"]
 
 SLICE = 1 << 16  # elements per accumulation slice (a multiple of every SIMD width)
 _BLOCK = 1 << 20  # elements per unit of work handed to a thread (a multiple of SLICE)
+
+
+def upload_weight(meta: Mapping[str, str]) -> float | None:
+    """An upload's ``weight`` metadata (default 1.0) if it is a finite positive number, else None.
+
+    One bad weight would turn every replica's mean into NaN or inf, so it rejects the upload.
+    """
+    try:
+        value = float(meta.get("weight", "1.0"))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
 
 
 class SliceMean:

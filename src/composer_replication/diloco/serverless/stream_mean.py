@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from composer_replication.diloco.serverless import tensorfile
-from composer_replication.diloco.serverless.mean import SLICE, SliceMean
+from composer_replication.diloco.serverless.mean import SLICE, SliceMean, upload_weight
 
 __all__ = ["StreamedMean", "stream_mean", "fusable"]
 
@@ -90,7 +90,8 @@ class _Reader(threading.Thread):
                     return
                 self.full.put((buf, want))
                 pos += want
-        except Exception as exc:  # a broken stream is a rejected upload, reported by the consumer
+            self.stream.readinto(bytearray(1))  # at the end: lets the client check and reuse the connection
+        except Exception as exc:  # a broken transfer: the consumer hands the round to the general path
             self.full.put((exc, pos))
 
 
@@ -116,9 +117,9 @@ def stream_mean(
     """Stream the uploads ``keys`` (rank -> key, every rank but ``rank``) and average them with ``like``.
 
     Returns the candidate mean over ``keys`` plus this replica, or ``mean=None`` with the reason in
-    ``rejected`` (an upload that is truncated, has a different header or non-finite values) or with
-    nothing rejected (the store cannot stream, or a header differs in a way only the general path
-    can judge).
+    ``rejected`` (an upload whose content does not match its sha256, or with non-finite values) or
+    with nothing rejected (the store cannot stream, an upload's size, header or weight is not this
+    replica's, a transfer broke: the general path judges and retries those).
     """
     opener = getattr(store, "open_read", None)
     if opener is None:
@@ -145,7 +146,10 @@ def stream_mean(
                 stream.close()
                 return result  # a different file: the general path judges it
             hasher = hashlib.sha256(head)
-            result.weights[r] = float(meta.get("weight", "1.0"))
+            if (w := upload_weight(meta)) is None:
+                stream.close()
+                return result  # the general path rejects it, naming the weight
+            result.weights[r] = w
             result.sha256[r] = meta.get("sha256", "")
             readers[r] = _Reader(stream, hasher, data_len, stop)
         for reader in readers.values():
@@ -160,9 +164,7 @@ def stream_mean(
             bufs: dict[int, Any] = {}
             for r, reader in readers.items():
                 buf, n = reader.full.get()
-                if not isinstance(buf, np.ndarray):
-                    why = f"stream failed: {buf}" if isinstance(buf, Exception) else f"truncated at byte {n}"
-                    result.rejected[r] = why
+                if not isinstance(buf, np.ndarray):  # cut short or failed: the general path retries it
                     return result
                 bufs[r] = buf
                 windows[r] = torch.frombuffer(buf, dtype=dtype, count=n // itemsize)
