@@ -188,11 +188,11 @@ def _fast_round(
     world_size: int,
     weight: float,
     round_index: int,
-) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None, dict[int, str]]:
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None]:
     """The last replica to arrive: stream the others' uploads and average them on the way in.
 
-    Returns ``(mean, manifest, rejected)``; ``mean`` is None when the general path must take over
-    (someone missing or rejected, a file it must judge, or a manifest listing something else).
+    Returns ``(mean, manifest)``; ``mean`` is None when the general path must take over (someone
+    missing, an upload it must judge, or a manifest listing something else).
     """
     keys = {
         r: key
@@ -200,11 +200,11 @@ def _fast_round(
         if (r := _rank_of(key)) != rank and 0 <= r < world_size
     }
     if len(keys) != world_size - 1:
-        return None, None, {}
+        return None, None
     streamed = stream_mean(store, keys, like, rank=rank, weight=weight)
     created, sha, finite = own.result()
     if streamed.mean is None or not (created and finite):
-        return None, None, streamed.rejected
+        return None, None
     ranks = sorted([rank, *keys])
     digests = {**streamed.sha256, rank: sha}
     manifest = _propose(
@@ -223,7 +223,7 @@ def _fast_round(
         manifest["sha256"][str(r)] == digests[r] and float(manifest["weights"][str(r)]) == streamed.weights[r]
         for r in ranks
     )
-    return (streamed.mean if same else None), manifest, {}
+    return (streamed.mean if same else None), manifest
 
 
 def object_store_allreduce(
@@ -276,7 +276,7 @@ def object_store_allreduce(
             own = pool.submit(_upload, store, f"{prefix}/delta/{rank:05d}.safetensors", like, rank, weight)
         manifest = _read_manifest(store, prefix)
         if manifest is None and own is not None and world_size > 1 and fusable(like):
-            mean, manifest, rejected = _fast_round(
+            mean, manifest = _fast_round(
                 store,
                 prefix,
                 like,

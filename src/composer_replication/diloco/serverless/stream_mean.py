@@ -12,8 +12,9 @@ touched, and the mean costs little more than the reads.
 
 It applies when every tensor has one floating dtype and every upload's safetensors header is
 byte-for-byte this replica's own (same names, shapes, dtypes, offsets). The result is only a
-candidate: the caller uses it if the round's manifest lists exactly these uploads with these sha256s;
-otherwise (a rejected upload, a different manifest) it falls back to the general path.
+candidate: the caller uses it if the round's manifest lists exactly these uploads with these sha256s.
+Anything unexpected (an upload that would be rejected, a broken transfer, a different manifest)
+hands the round to the general path, which judges every upload with its usual checks and reasons.
 """
 
 from __future__ import annotations
@@ -39,12 +40,11 @@ _BUFFERS = 3  # windows in flight per upload
 
 @dataclass
 class StreamedMean:
-    """What streaming found: the candidate mean (None if unusable), and per rank its sha256 and weight."""
+    """The candidate mean (None: the general path must judge the round) and each rank's sha256 and weight."""
 
     mean: dict[str, torch.Tensor] | None
     sha256: dict[int, str] = field(default_factory=dict)
     weights: dict[int, float] = field(default_factory=dict)
-    rejected: dict[int, str] = field(default_factory=dict)
 
 
 def fusable(like: Mapping[str, torch.Tensor]) -> bool:
@@ -116,10 +116,10 @@ def stream_mean(
 ) -> StreamedMean:
     """Stream the uploads ``keys`` (rank -> key, every rank but ``rank``) and average them with ``like``.
 
-    Returns the candidate mean over ``keys`` plus this replica, or ``mean=None`` with the reason in
-    ``rejected`` (an upload whose content does not match its sha256, or with non-finite values) or
-    with nothing rejected (the store cannot stream, an upload's size, header or weight is not this
-    replica's, a transfer broke: the general path judges and retries those).
+    Returns the candidate mean over ``keys`` plus this replica, or ``mean=None`` whenever anything is
+    not as expected (the store cannot stream; an upload's size, header or weight is not this
+    replica's; a value is not finite; a content does not match its sha256; a transfer broke): the
+    general path then judges every upload, with its usual reasons, and retries the transfers.
     """
     opener = getattr(store, "open_read", None)
     if opener is None:
@@ -144,11 +144,11 @@ def stream_mean(
             got = _read_exact(stream, memoryview(head))
             if size != len(header) + data_len or got < len(header) or bytes(head) != header:
                 stream.close()
-                return result  # a different file: the general path judges it
+                return result
             hasher = hashlib.sha256(head)
             if (w := upload_weight(meta)) is None:
                 stream.close()
-                return result  # the general path rejects it, naming the weight
+                return result
             result.weights[r] = w
             result.sha256[r] = meta.get("sha256", "")
             readers[r] = _Reader(stream, hasher, data_len, stop)
@@ -164,17 +164,15 @@ def stream_mean(
             bufs: dict[int, Any] = {}
             for r, reader in readers.items():
                 buf, n = reader.full.get()
-                if not isinstance(buf, np.ndarray):  # cut short or failed: the general path retries it
+                if not isinstance(buf, np.ndarray):  # cut short or failed
                     return result
                 bufs[r] = buf
                 windows[r] = torch.frombuffer(buf, dtype=dtype, count=n // itemsize)
             for i, a, b in _segments(sizes, lo, hi):
                 off = starts[i] - lo  # tensor i's element 0, in window coordinates
                 srcs = {r: win[off + a : off + b] for r, win in windows.items()}
-                for r, src in srcs.items():
-                    if not tensorfile.finite(src):
-                        result.rejected[r] = f"{names[i]}: non-finite values"
-                        return result
+                if not all(tensorfile.finite(src) for src in srcs.values()):
+                    return result
                 srcs[rank] = own[i][a:b]
                 for c in range(0, b - a, SLICE):
                     d = min(c + SLICE, b - a)
@@ -183,12 +181,8 @@ def stream_mean(
                 reader.free.put(bufs[r])  # the window is consumed: the reader may refill it
         for r, reader in readers.items():
             reader.join()
-            digest = reader.hash.hexdigest()
-            if result.sha256[r] != digest:
-                result.rejected[r] = f"sha256 mismatch (metadata {result.sha256[r]!r}, content {digest})"
-                result.sha256[r] = digest
-        if result.rejected:
-            return result
+            if result.sha256[r] != reader.hash.hexdigest():
+                return result
         mean = {n: o.view(like[n].shape) for n, o in zip(names, outs)}
         mean.update({n: torch.empty(t.shape, dtype=t.dtype) for n, t in like.items() if not t.numel()})
         result.mean = mean
