@@ -48,8 +48,14 @@ class SliceMean:
         self.acc = torch.empty(SLICE, dtype=torch.float64)
         self.tmp = torch.empty(SLICE, dtype=torch.float64)
 
-    def __call__(self, out: torch.Tensor, sources: Sequence[torch.Tensor]) -> None:
-        """``out`` and each source: 1-D, the same length, at most :data:`SLICE`; sources in rank order."""
+    def __call__(
+        self, out: torch.Tensor, sources: Sequence[torch.Tensor], *, check_finite: bool = False
+    ) -> bool:
+        """``out`` and each source: 1-D, the same length, at most :data:`SLICE`; sources in rank order.
+
+        With ``check_finite``, returns whether every source was finite in this slice: a NaN or inf
+        in any source leaves a NaN or inf in the float64 sum (finite float32 values cannot overflow it).
+        """
         n = out.numel()
         acc = self.acc[:n].zero_()
         for weight, src in zip(self.w, sources):
@@ -57,7 +63,9 @@ class SliceMean:
                 acc.add_(self.tmp[:n].copy_(src))
             else:  # in-place mixed-dtype add: computed in float64
                 acc.add_(src, alpha=weight)
+        finite = not check_finite or math.isfinite(float(acc.sum()))
         out.copy_(acc.mul_(self.inv) if self.inv is not None else acc.div_(self.total))
+        return finite
 
 
 def fixed_order_mean(

@@ -4,8 +4,8 @@ window while it is still in cache.
 When a replica arrives at a round whose other uploads are all there (the last to arrive: the
 round's critical path), it does not download them into whole-object buffers and average them
 afterwards. One reader thread per upload streams the object through a few small reused buffers,
-hashing each window as it lands; the calling thread takes the windows of every rank in lockstep,
-checks they are finite and accumulates them, in rank order, in float64 — the same operations per
+hashing each window as it lands; the calling thread takes the windows of every rank in lockstep and
+accumulates them, in rank order, in float64 (a NaN or inf in any of them shows in the sum) — the same operations per
 element as :func:`~composer_replication.diloco.serverless.allreduce.fixed_order_mean`, so the result
 has the same bits. Nothing is copied after the read, no page of a fresh object-sized buffer is
 touched, and the mean costs little more than the reads.
@@ -171,12 +171,13 @@ def stream_mean(
             for i, a, b in _segments(sizes, lo, hi):
                 off = starts[i] - lo  # tensor i's element 0, in window coordinates
                 srcs = {r: win[off + a : off + b] for r, win in windows.items()}
-                if not all(tensorfile.finite(src) for src in srcs.values()):
-                    return result
                 srcs[rank] = own[i][a:b]
                 for c in range(0, b - a, SLICE):
                     d = min(c + SLICE, b - a)
-                    slice_mean(outs[i][a + c : a + d], [srcs[r][c:d] for r in ranks])
+                    if not slice_mean(
+                        outs[i][a + c : a + d], [srcs[r][c:d] for r in ranks], check_finite=True
+                    ):
+                        return result  # a NaN or inf somewhere in this slice
             for r, reader in readers.items():
                 reader.free.put(bufs[r])  # the window is consumed: the reader may refill it
         for r, reader in readers.items():
