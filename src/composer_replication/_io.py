@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any
 
 import orjson
 
@@ -32,14 +32,13 @@ class DataFileError(ValueError):
 @contextmanager
 def atomic_open(
     path: str | os.PathLike[str], mode: str = "w", encoding: str | None = "utf-8"
-) -> Iterator[TextIO]:
+) -> Iterator[IO[Any]]:
     """Open a temp file beside ``path``; on clean exit fsync and rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        kwargs = {"encoding": encoding} if "b" not in mode else {}
-        with os.fdopen(fd, mode, **kwargs) as fh:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())

@@ -68,7 +68,7 @@ def model_logits(
 
 def model_forward(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits_mode: str | None
-) -> tuple[torch.Tensor, LMHead | None, str]:
+) -> tuple[torch.Tensor, LMHead | None, LogitsMode]:
     """One forward on the chosen path: ``(logits or final hidden states, head or None, engine)``.
 
     ``engine`` is ``"full"`` / ``"chunked"`` (logits) or ``"fused"`` (hidden states + head); see
@@ -80,7 +80,7 @@ def model_forward(
     return model_logits(model, input_ids, attention_mask), None, mode
 
 
-def _given_logits_mode(logits_mode: str | None) -> str:
+def _given_logits_mode(logits_mode: str | None) -> LogitsMode:
     # Logits passed in by the caller: only the loss computation can still be chunked.
     return "chunked" if logits_mode in ("chunked", "fused") else "full"
 
@@ -194,14 +194,14 @@ def sdpo_metrics(s: torch.Tensor, t: torch.Tensor, *, engine: str, head: LMHead 
     s2, t2 = s.reshape(-1, s.shape[-1]), t.reshape(-1, t.shape[-1])
     n = s2.shape[0]
     step = default_chunk_rows(head.vocab_size if head is not None else s2.shape[-1])
-    ent = agree = 0.0
+    ent_sum = agree_sum = 0.0
     for a in range(0, n, step):
         zs, zt = s2[a : a + step], t2[a : a + step]
         if head is not None:
             zs, zt = head.logits(zs), head.logits(zt)
-        ent += float(torch.special.entr(torch.softmax(zt.float(), -1)).sum())
-        agree += float((zs.argmax(-1) == zt.argmax(-1)).float().sum())
-    return {"sdpo/teacher_entropy": ent / n, "sdpo/top1_agreement": agree / n}
+        ent_sum += float(torch.special.entr(torch.softmax(zt.float(), -1)).sum())
+        agree_sum += float((zs.argmax(-1) == zt.argmax(-1)).float().sum())
+    return {"sdpo/teacher_entropy": ent_sum / n, "sdpo/top1_agreement": agree_sum / n}
 
 
 def sdpo_channel(
@@ -258,12 +258,13 @@ def sdpo_channel(
     s = student_x[:, :-1][s_mask[:, 1:]].unsqueeze(0)
     t = teacher_x[:, :-1][t_mask[:, 1:]].unsqueeze(0).to(s.dtype)
     n = s.shape[1]
-    engine = {"engine": mode, "head": head}
+    engine: dict[str, Any] = {"engine": mode, "head": head}
     if wrapper == "none":
         loss = gjsd.loss(
             s, t, beta=jsd_beta, temperature=temperature, top_k=top_k, token_clip=token_clip, **engine
         )
     elif wrapper == "taid":
+        assert taid_t is not None  # check_sdpo_wrapper: TAID has a t
         loss = taid.loss(s, t, t=float(taid_t), **engine)
     else:
         per_token = eopd.loss(s, t, h_max=h_max, temperature=temperature, reduction="none", **engine)
@@ -273,7 +274,7 @@ def sdpo_channel(
     metrics = {"sdpo/tokens": float(n), "sdpo/loss": float(loss.detach())}
     if n:
         metrics.update(sdpo_metrics(s, t, engine=mode, head=head))
-    if wrapper == "taid":
+    if taid_t is not None and wrapper == "taid":
         metrics["sdpo/taid_t"] = float(taid_t)
     return ChannelResult(loss, n, metrics)
 

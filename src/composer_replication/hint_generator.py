@@ -165,7 +165,7 @@ def dispatch(error_kind: str, ctx: HintContext | None = None) -> str | None:
     fn = HINT_TEMPLATES.get(error_kind)
     if fn is None:
         return None
-    full: HintContext = {"error_kind": error_kind, **(ctx or {})}  # type: ignore[typeddict-item]
+    full: HintContext = {"error_kind": error_kind, **(ctx or {})}
     return fn(full)
 
 
@@ -182,7 +182,7 @@ def hint_for_error(error_kind: str, error_meta: dict[str, Any] | None) -> str | 
     ctx: HintContext = {}
     for key in ("error_message", "available_tools", "tool_name", "tool_schema", "intent"):
         if meta.get(key) is not None:
-            ctx[key] = meta[key]  # type: ignore[literal-required]
+            ctx[key] = meta[key]
     if "tool_schema" not in ctx and isinstance(meta.get("tool_input"), dict):
         # No schema in the logs: describe the call that was made, which is what the model needs to fix.
         ctx["intent"] = ctx.get("intent") or json.dumps(meta["tool_input"], ensure_ascii=False)[:200]

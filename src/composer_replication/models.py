@@ -41,6 +41,7 @@ def _training_corpus() -> list[str]:
 
     texts: list[str] = []
     for mod in (_json, argparse):
+        assert mod.__file__ is not None  # stdlib modules are files
         root = Path(mod.__file__).parent if mod.__file__.endswith("__init__.py") else Path(mod.__file__)
         files = sorted(root.glob("*.py")) if root.is_dir() else [root]
         texts += [f.read_text(encoding="utf-8") for f in files]

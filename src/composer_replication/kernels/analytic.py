@@ -3,7 +3,8 @@
 For row losses whose gradient with respect to the logits has a short closed form, the engines compute
 the value and the gradient together, in place on the chunk's freshly projected logits tile, instead of
 recording an autograd graph over (chunk, V) temporaries and differentiating it (fewer passes over the
-tile, fewer live tiles). A loss family opts in by attaching a function to its row function::
+tile, fewer live tiles). A loss family opts in by wrapping its row function in `RowFn` with the closed
+form as ``analytic``::
 
     row_fn.analytic(*logits_tiles, *extra_tiles, w) -> (per_row ℓ, ∂(Σ_n w_n·ℓ_n)/∂(first tile)) | None
 
@@ -16,9 +17,25 @@ logits), and the engine falls back to autograd for that chunk; otherwise it may 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-__all__ = ["all_finite", "log_softmax_"]
+__all__ = ["RowFn", "all_finite", "log_softmax_"]
+
+
+class RowFn:
+    """A row function ``rows(*tiles) -> per_row`` with its closed form ``analytic`` (None: autograd only)."""
+
+    def __init__(
+        self,
+        rows: Callable[..., torch.Tensor],
+        analytic: Callable[..., tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    ) -> None:
+        self.rows, self.analytic = rows, analytic
+
+    def __call__(self, *tiles: torch.Tensor) -> torch.Tensor:
+        return self.rows(*tiles)
 
 
 def all_finite(*xs: torch.Tensor) -> bool:

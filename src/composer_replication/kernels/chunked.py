@@ -22,6 +22,7 @@ knows which loss it computes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -71,7 +72,7 @@ def _add_rows(buf: torch.Tensor, idx: torch.Tensor, g: torch.Tensor) -> None:
 
 def _chunk_inputs(n_row, tensors, idx, needs):
     """Gather one chunk of rows; detach everything and mark what needs a gradient."""
-    out = []
+    out: list[torch.Tensor | None] = []
     for i, x in enumerate(tensors):
         if x is None:
             out.append(None)
@@ -106,10 +107,12 @@ class _ChunkedRows(torch.autograd.Function):
             ctx.needs = needs
             return losses
         total = torch.zeros((), dtype=out_dtype, device=ref.device)
-        grads = [_grad_buffer(x) if (x is not None and nd) else None for x, nd in zip(tensors, needs)]
+        grads: list[Any] = [
+            _grad_buffer(x) if (x is not None and nd) else None for x, nd in zip(tensors, needs)
+        ]
         # Closed-form value and gradient (kernels.analytic) when only the first rows need a gradient
         # and the tiles are full precision; it declines (None) on non-finite rows -> autograd below.
-        analytic = getattr(row_fn, "analytic", None)
+        analytic: Any = getattr(row_fn, "analytic", None)
         fast = (
             analytic is not None
             and needs[:1] == [True]
@@ -164,7 +167,9 @@ class _ChunkedRows(torch.autograd.Function):
         valid_idx, *tensors = ctx.saved_tensors
         tensors = [t for t in tensors]
         needs, n_row, chunk = ctx.needs, ctx.n_row, ctx.chunk
-        grads = [_grad_buffer(x) if (x is not None and nd) else None for x, nd in zip(tensors, needs)]
+        grads: list[Any] = [
+            _grad_buffer(x) if (x is not None and nd) else None for x, nd in zip(tensors, needs)
+        ]
         for a in range(0, valid_idx.numel(), chunk):
             idx = valid_idx[a : a + chunk]
             xs = _chunk_inputs(n_row, tensors, idx, needs)

@@ -18,7 +18,7 @@ which loss it computes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -221,7 +221,7 @@ def _chunk_step(row_fn, streams, extras, caps, idx, w, needs, grads, want):
 def fused_rows(
     row_fn: Callable[..., torch.Tensor],
     heads_and_hidden: list[tuple[torch.Tensor, LMHead]],
-    extras: list[torch.Tensor] = (),
+    extras: Sequence[torch.Tensor] = (),
     *,
     valid_idx: torch.Tensor,
     weights: torch.Tensor | None,

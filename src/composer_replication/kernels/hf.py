@@ -22,7 +22,7 @@ rather than computing a wrong loss.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -139,13 +139,13 @@ def lm_head_of(model: Any, input_ids: torch.Tensor | None = None) -> LMHead | No
 
 def resolve_logits_mode(
     model: Any, mode: str | None, input_ids: torch.Tensor | None = None
-) -> tuple[str, LMHead | None]:
+) -> tuple[LogitsMode, LMHead | None]:
     """``(mode, head)`` with ``mode`` in ``{"full", "chunked", "fused"}`` (head set only for fused)."""
     mode = _default_mode if mode in (None, "auto") else mode
     if mode not in LOGITS_MODES:
         raise ValueError(f"logits_mode={mode!r} is unknown; use one of {LOGITS_MODES}")
     if mode in ("full", "chunked"):
-        return mode, None
+        return cast(LogitsMode, mode), None
     head = lm_head_of(model, input_ids)
     if mode == "fused":
         if head is None:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from composer_replication.kernels.analytic import all_finite, log_softmax_
+from composer_replication.kernels.analytic import RowFn, all_finite, log_softmax_
 from composer_replication.kernels.chunked import as_rows, default_chunk_rows, reduce_rows
 from composer_replication.kernels.fused_linear import LMHead, reduce_fused
 from composer_replication.losses.common import check_engine
@@ -95,9 +96,10 @@ def logprob_value_grad(
 
 
 def _ce_fn(label_smoothing: float):
-    fn = functools.partial(ce_rows, label_smoothing=label_smoothing)
-    fn.analytic = functools.partial(ce_value_grad, label_smoothing=label_smoothing)
-    return fn
+    return RowFn(
+        functools.partial(ce_rows, label_smoothing=label_smoothing),
+        functools.partial(ce_value_grad, label_smoothing=label_smoothing),
+    )
 
 
 def _valid(labels: torch.Tensor, ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,11 +172,12 @@ def loss(
     """Mean cross-entropy on the chosen engine: ``x`` is ``(N, V)`` logits (``"full"``, ``"chunked"``)
     or ``(N, H)`` hidden states with ``head`` (``"fused"``)."""
     check_engine(engine, head)
-    kw = dict(ignore_index=ignore_index, label_smoothing=label_smoothing)
+    kw: dict[str, Any] = dict(ignore_index=ignore_index, label_smoothing=label_smoothing)
     if engine == "full":
         return cross_entropy(x, labels, **kw)
     if engine == "chunked":
         return chunked_cross_entropy(x, labels, chunk_rows=chunk_rows, **kw)
+    assert head is not None  # check_engine: fused has a head
     return fused_cross_entropy(x, head, labels, chunk_rows=chunk_rows, **kw)
 
 
@@ -216,8 +219,7 @@ def fused_token_logprobs(
     """:func:`token_logprobs` from hidden states + LM head; ``-100`` labels give 0."""
     lead = tuple(hidden_BTH.shape[:-1])
     valid, safe = _valid(labels_BT)
-    fn = functools.partial(logprob_rows)
-    fn.analytic = logprob_value_grad
+    fn = RowFn(logprob_rows, logprob_value_grad)
     pairs = [(hidden_BTH.reshape(math.prod(lead), -1), head)]
     return reduce_fused(fn, pairs, [safe], valid, None, lead, chunk_rows)
 
@@ -237,4 +239,5 @@ def logprobs(
         return token_logprobs(x, labels)
     if engine == "chunked":
         return chunked_token_logprobs(x, labels, chunk_rows=chunk_rows)
+    assert head is not None  # check_engine: fused has a head
     return fused_token_logprobs(x, head, labels, chunk_rows=chunk_rows)

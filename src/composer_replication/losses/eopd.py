@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import torch
 
@@ -198,11 +199,12 @@ def loss(
     """EOPD on the chosen engine: ``"full"`` / ``"chunked"`` on ``(B, T, V)`` logits, ``"fused"`` on
     ``(B, T, H)`` hidden states with ``head`` (``teacher_head`` defaults to ``head.detached()``)."""
     check_engine(engine, head)
-    kw = dict(labels=labels, h_max=h_max, temperature=temperature, reduction=reduction)
+    kw: dict[str, Any] = dict(labels=labels, h_max=h_max, temperature=temperature, reduction=reduction)
     if engine == "full":
         return entropy_aware_opd_loss(student, teacher, **kw)
     if engine == "chunked":
         return chunked_entropy_aware_opd_loss(student, teacher, chunk_rows=chunk_rows, **kw)
+    assert head is not None  # check_engine: fused has a head
     return fused_entropy_aware_opd_loss(
         student, teacher, head, teacher_head=teacher_head, chunk_rows=chunk_rows, **kw
     )

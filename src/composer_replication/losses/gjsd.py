@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import torch
 
-from composer_replication.kernels.analytic import all_finite, log_softmax_
+from composer_replication.kernels.analytic import RowFn, all_finite, log_softmax_
 from composer_replication.kernels.chunked import reduce_pair
 from composer_replication.kernels.fused_linear import LMHead, hidden_pair, reduce_hidden_pair
 from composer_replication.losses.common import (
@@ -199,11 +200,10 @@ def row_fn(
     beta: float, temperature: float, logits_are_probs: bool, top_k: int | None, token_clip: float | None
 ):
     """:func:`gjsd_rows` with its parameters bound, carrying the closed form where it applies."""
-    kw = dict(beta=beta, temperature=temperature, token_clip=token_clip)
-    fn = functools.partial(gjsd_rows, logits_are_probs=logits_are_probs, top_k=top_k, **kw)
-    if not logits_are_probs and top_k is None:
-        fn.analytic = functools.partial(gjsd_value_grad, **kw)
-    return fn
+    kw: dict[str, Any] = dict(beta=beta, temperature=temperature, token_clip=token_clip)
+    rows = functools.partial(gjsd_rows, logits_are_probs=logits_are_probs, top_k=top_k, **kw)
+    closed = not logits_are_probs and top_k is None
+    return RowFn(rows, functools.partial(gjsd_value_grad, **kw) if closed else None)
 
 
 def plan(lead, V, labels, reduction, top_k, num_items_in_batch, device):
@@ -369,7 +369,9 @@ def loss(
     ``head.detached()``; ``logits_are_probs`` does not apply). ``chunk_rows`` sizes the chunks.
     """
     check_engine(engine, head)
-    kw = dict(beta=beta, temperature=temperature, reduction=reduction, top_k=top_k, token_clip=token_clip)
+    kw: dict[str, Any] = dict(
+        beta=beta, temperature=temperature, reduction=reduction, top_k=top_k, token_clip=token_clip
+    )
     if engine == "full":
         return generalized_jsd_loss(
             student,
@@ -388,6 +390,7 @@ def loss(
         raise ValueError(
             "logits_are_probs=True needs logits or probabilities: use engine='full' or 'chunked'"
         )
+    assert head is not None  # check_engine: fused has a head
     return fused_generalized_jsd_loss(
         student, teacher, head, labels, num_items_in_batch=num_items_in_batch, teacher_head=teacher_head,
         chunk_rows=chunk_rows, **kw,

@@ -153,6 +153,7 @@ def loss(
             chosen_logps, rejected_logps, beta=simpo_beta, gamma=simpo_gamma, label_smoothing=label_smoothing
         )
         return value, simpo_beta * (chosen_logps - rejected_logps) - simpo_gamma
+    assert ref_chosen_logps is not None and ref_rejected_logps is not None  # check_args: DPO has both
     ref_c, ref_r = ref_chosen_logps.to(chosen_logps.dtype), ref_rejected_logps.to(chosen_logps.dtype)
     value = dpo_loss(chosen_logps, rejected_logps, ref_c, ref_r, beta=beta, label_smoothing=label_smoothing)
     return value, _dpo_margin(chosen_logps, rejected_logps, ref_c, ref_r, beta)

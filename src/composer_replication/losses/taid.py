@@ -161,6 +161,7 @@ def loss(
         return taid_loss(student, teacher, mask, t=t)
     if engine == "chunked":
         return chunked_taid_loss(student, teacher, mask, t=t, chunk_rows=chunk_rows)
+    assert head is not None  # check_engine: fused has a head
     return fused_taid_loss(
         student, teacher, head, mask, t=t, teacher_head=teacher_head, chunk_rows=chunk_rows
     )
