@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from composer_replication._extras import require
 from composer_replication.diloco.serverless.executor import (
     ReplicaHandle,
     ReplicaResult,
@@ -46,12 +47,9 @@ _INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
 def _k8s() -> Any:
-    try:
-        from kubernetes import client
-    except ImportError as exc:
-        raise ImportError(
-            "the eks backend needs the kubernetes client: pip install 'composer-replication[eks]'"
-        ) from exc
+    require("eks", purpose="the eks backend")
+    from kubernetes import client
+
     return client
 
 

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from composer_replication._extras import require
 from composer_replication.diloco.serverless.executor import (
     ReplicaHandle,
     ReplicaResult,
@@ -40,12 +41,9 @@ _STAGES = {
 
 
 def _hub() -> Any:
-    try:
-        import huggingface_hub
-    except ImportError as exc:
-        raise ImportError(
-            "the hf-jobs backend needs huggingface_hub: pip install 'composer-replication[hf-jobs]'"
-        ) from exc
+    require("hf-jobs", purpose="the hf-jobs backend")
+    import huggingface_hub
+
     return huggingface_hub
 
 

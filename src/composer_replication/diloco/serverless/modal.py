@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from composer_replication._extras import require
 from composer_replication.diloco.serverless.executor import (
     ReplicaHandle,
     ReplicaResult,
@@ -31,12 +32,9 @@ __all__ = ["ModalExecutor", "modal_replica"]
 
 
 def _modal() -> Any:
-    try:
-        import modal
-    except ImportError as exc:
-        raise ImportError(
-            "the modal backend needs the modal SDK: pip install 'composer-replication[modal]'"
-        ) from exc
+    require("modal", purpose="the modal backend")
+    import modal
+
     return modal
 
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from composer_replication._extras import require
 from composer_replication.diloco.serverless.executor import (
     ReplicaHandle,
     ReplicaResult,
@@ -66,12 +67,9 @@ class SageMakerExecutor:
         self.role_arn, self.image_uri, self.output_s3_uri = role_arn, image_uri, output_s3_uri
         self.instance_type, self.volume_size_gb, self.job_prefix = instance_type, volume_size_gb, job_prefix
         if client is None or logs_client is None:
-            try:
-                import boto3
-            except ImportError as exc:
-                raise ImportError(
-                    "the sagemaker backend needs boto3: pip install 'composer-replication[sagemaker]'"
-                ) from exc
+            require("sagemaker", purpose="the sagemaker backend")
+            import boto3
+
             client = client or boto3.client("sagemaker", region_name=region, endpoint_url=endpoint_url)
             logs_client = logs_client or boto3.client("logs", region_name=region, endpoint_url=endpoint_url)
         self.client, self.logs = client, logs_client

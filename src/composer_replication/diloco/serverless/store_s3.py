@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from composer_replication._extras import require
+
 __all__ = ["S3Store"]
 
 
@@ -69,11 +71,10 @@ class S3Store:
         create_bucket: bool = False,
     ) -> None:
         if client is None:
-            try:
-                import boto3
-                from botocore.config import Config
-            except ImportError as exc:
-                raise ImportError("S3Store needs boto3: pip install 'composer-replication[s3]'") from exc
+            require("s3", purpose="S3Store")
+            import boto3
+            from botocore.config import Config
+
             client = boto3.client(
                 "s3",
                 endpoint_url=endpoint_url,
