@@ -1,7 +1,7 @@
 """A complete three-channel batch from coding-agent tool-error scenarios, for any chat tokenizer.
 
-Each row is one tool-error site from a coding-agent session (rendered in the student-action format
-of the shared contract):
+Each row is one tool-error site from a coding-agent session (rendered in the one wire format,
+:mod:`composer_replication.wire`: action lines, tool results, the ``[HINT]`` marker):
 
 - **student** (``input_ids``): the conversation up to the tool error, then the student's recovery
   action (``response_mask`` = the recovery tokens, end-of-turn included);
@@ -21,12 +21,12 @@ reference-free form ``-log σ(β·(log π(y_w) - log π(y_l)))``; that is stated
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
 
 import torch
 
+from composer_replication import wire
 from composer_replication.encoding import pad_id, stack_prompt_response
 
 __all__ = ["build_batch", "VARIANTS"]
@@ -40,11 +40,11 @@ SYSTEM = (
 
 
 def _tool(name: str, **inp: Any) -> str:
-    return f"[TOOL_USE] name={name} input={json.dumps(inp, ensure_ascii=False)}"
+    return wire.format_tool_use(name, inp)
 
 
 def _result(name: str, text: str, is_error: bool = True) -> str:
-    return f"[TOOL_RESULT name={name} is_error={'true' if is_error else 'false'}]\n{text}"
+    return wire.format_tool_result(name, text, is_error)
 
 
 def _factorial(rng: random.Random) -> dict[str, Any]:
@@ -60,7 +60,7 @@ def _factorial(rng: random.Random) -> dict[str, Any]:
     return {
         "context": [*state, {"role": "assistant", "content": failing}, {"role": "user", "content": error}],
         "recovery": _tool("Read", file_path=path),
-        "hint": f"Hint: the edit failed because `{old}` is not in {path}. Read the file and copy the exact text.",
+        "hint": f"The edit failed because `{old}` is not in {path}. Read the file and copy the exact text.",
         "pair_state": state,
         "chosen": _tool("Read", file_path=path),
         "rejected": failing,
@@ -87,7 +87,7 @@ def _binary_search(rng: random.Random) -> dict[str, Any]:
     return {
         "context": context,
         "recovery": fix,
-        "hint": "Hint: with `while lo <= hi`, the upper bound must start at len(a) - 1, not len(a).",
+        "hint": "With `while lo <= hi`, the upper bound must start at len(a) - 1, not len(a).",
         "pair_state": context,
         "chosen": fix,
         "rejected": run,
@@ -163,8 +163,7 @@ def build_batch(
     for row in rows:
         prompt, response = _encode(tokenizer, row["context"], row["recovery"])
         student.append((prompt, response))
-        hinted = [*row["context"][:-1], dict(row["context"][-1])]
-        hinted[-1]["content"] += "\n\n" + row["hint"]
+        hinted = wire.add_hint(row["context"], row["hint"])
         t_prompt, _ = _encode(tokenizer, hinted, row["recovery"])
         teacher.append((t_prompt, response))  # the very same recovery token ids
         chosen.append(_encode(tokenizer, row["pair_state"], row["chosen"]))

@@ -140,7 +140,7 @@ class RewardConfig(_Model):
     type: Literal["teacher_match", "tool_format"] = Field(
         "teacher_match",
         description="teacher_match: similarity of the completion to the teacher-consensus action of the "
-        "state's pair; tool_format: 1 if the completion is a well-formed [TOOL_USE] line",
+        "state's pair; tool_format: 1 if the completion holds a well-formed tool call (the wire action format)",
     )
 
 

@@ -219,7 +219,7 @@ def test_build_batch_ref_model_and_contents(tiny_model, tiny_tokenizer):
     text = tiny_tokenizer.decode(b["input_ids"][0][b["response_mask"][0].bool()])
     assert text.startswith("[TOOL_USE] name=Read") and "<|im_end|>" in text
     teacher_text = tiny_tokenizer.decode(b["ctx_teacher_input_ids"][0])
-    assert "Hint:" in teacher_text and "Hint:" not in tiny_tokenizer.decode(b["input_ids"][0])
+    assert "[HINT] " in teacher_text and "[HINT] " not in tiny_tokenizer.decode(b["input_ids"][0])
     assert not torch.equal(
         build_batch(tiny_tokenizer, seed=1)["input_ids"], build_batch(tiny_tokenizer, seed=2)["input_ids"]
     )

@@ -112,7 +112,7 @@ def test_scripted_policy_scores_one_through_the_same_reward_paths():
     stats = InfraStats()
     reward = make_test_reward(tasks, stats=stats)
     good = [{"role": "assistant", "content": oracle_policy(tasks["fix_import"]).steps[0]}]
-    junk = [{"role": "assistant", "content": "<tool_call>{oops</tool_call> hello"}]
+    junk = [{"role": "assistant", "content": "[TOOL_USE] name=Write input={oops\nhello"}]
     out = reward(
         completions=[good, junk, "I refuse"], task=["fix_import", "fix_import", "implement_function"]
     )

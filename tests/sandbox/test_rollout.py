@@ -49,7 +49,7 @@ def test_parse_tool_calls():
     text = (
         "I'll fix it.\n"
         + format_tool_call("write", {"file_path": "a.py", "content": "x"})
-        + "<tool_call>{bad</tool_call>"
+        + "\n[TOOL_USE] name=Edit input={bad"
     )
     calls = parse_tool_calls(text)
     assert calls[0] == {"name": "Write", "input": {"file_path": "a.py", "content": "x"}}

@@ -5,11 +5,15 @@ What is covered:
   a fresh sandbox with the task's files; its public methods ``bash``, ``read``, ``write``, ``edit`` are the
   model's tools (TRL reads their signatures and docstrings); ``get_reward()`` runs the task's tests in
   the sandbox: 1.0 pass, 0.0 fail.
-- `make_test_reward`: a plain ``reward_funcs`` entry for tool-less GRPO: it applies the ``<tool_call>``
-  actions found in each completion in a fresh sandbox, then runs the tests.
+- `make_test_reward`: a plain ``reward_funcs`` entry for tool-less GRPO: it applies the tool calls found
+  in each completion (``wire`` action lines) in a fresh sandbox, then runs the tests.
 - Infrastructure failures (sandbox start or exec failing) return **None**: TRL 1.16 turns None into NaN,
   leaves it out of the group mean/std (``nanmean``/``nanstd``) and zeroes that completion's advantage, so
   it neither scores 0 nor moves the policy. Both count them in an `InfraStats`.
+
+`SandboxCodingEnv` hands tool calling to TRL, which parses calls in the tokenizer's chat-template format
+(Hermes ``<tool_call>`` for Qwen): use it with a tool-calling template; the pipeline does not (its
+online phase uses `make_test_reward` / ``pipeline.grpo_phase`` in the one ``wire`` format).
 
 What is not covered: the sandbox's own limits (see ``bwrap_sandbox`` / ``docker_sandbox``); a task whose
 test command is itself broken scores 0, like an agent failure — check tasks with their ``solution/``.

@@ -1,6 +1,8 @@
 """Rollouts: a model acts as a tool-calling agent in a sandbox; the run is recorded as a Claude Code session.
 
 What is covered: the agent loop (policy -> tool calls -> sandbox -> tool results, up to ``max_turns``),
+rendered with :mod:`composer_replication.wire` (the same system message, action lines and tool-result
+messages as training, GRPO and evaluation),
 reward = the task's test command exits 0 in the same sandbox, a Claude Code session log per rollout
 (so ``ingestion.claude_code.ClaudeCodeIngester`` turns generated data into states and traces like real
 sessions), an append-only ``rollouts.jsonl`` index that makes `run_rollouts` resumable, kill-switch
@@ -24,17 +26,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from composer_replication import wire
 from composer_replication._io import JsonlAppender, read_jsonl
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
 from composer_replication.datagen.tasks import Task, bundled_tasks, check_name, path_inside
 from composer_replication.datagen.tools import TOOL_SCHEMAS, format_tool_call, parse_tool_calls, run_tool
 from composer_replication.safety.kill_switch import EXIT_KILL_SWITCH, KillSwitch, KillSwitchTriggered
 
-SYSTEM = (
-    "You are a coding agent working in a sandboxed workspace. Use the tools to inspect and change files "
-    "and to run the tests; reply without a tool call when you are done."
-)
 Policy = Callable[[list[dict[str, Any]]], str]  # chat messages -> assistant text (tool calls inline)
+
+
+def task_prompt(task: Task) -> list[dict[str, Any]]:
+    """The opening messages of ``task`` (``wire.task_messages`` with the sandbox tools): what a rollout
+    starts from and what the GRPO phase's task rows ask, token for token."""
+    return wire.task_messages(task.instruction, task.files, TOOL_SCHEMAS)
 
 
 # --------------------------------------------------------------------------- policies
@@ -58,7 +63,10 @@ def oracle_policy(task: Task) -> ScriptedPolicy:
 
 
 class HFPolicy:
-    """A transformers causal LM behind the chat template (with ``tools=``); tool calls parsed from its text."""
+    """A transformers causal LM behind its chat template; tool calls are parsed from its text (``wire``).
+
+    The tools are described in the system message (``task_prompt``), not through the template's
+    ``tools=`` argument, so the prompt is the one the model was trained on."""
 
     def __init__(
         self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256, temperature: float = 0.7
@@ -71,7 +79,7 @@ class HFPolicy:
         import torch
 
         ids = self.tokenizer.apply_chat_template(
-            messages, tools=TOOL_SCHEMAS, add_generation_prompt=True, return_tensors="pt", return_dict=True
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
         )
         with torch.no_grad():
             out = self.model.generate(
@@ -166,7 +174,7 @@ def score_in_sandbox(sb: Sandbox, task: Task) -> tuple[float, str]:
 
 
 def _split_blocks(text: str, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    prose = text.split("<tool_call>")[0].strip()
+    prose = wire.parse_action(text).text
     blocks: list[dict[str, Any]] = [{"type": "text", "text": prose}] if prose or not calls else []
     for c in calls:
         blocks.append(
@@ -197,14 +205,12 @@ def run_rollout(
     stop = stop or kill_switch
     model = getattr(policy, "model_name", None) or getattr(policy, "model", "policy")
     log = SessionLog(path_inside(log_dir, rollout_id, ".jsonl")) if log_dir is not None else None
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": task.instruction},
-    ]
+    opening = task_prompt(task)
+    system, turns = opening[0]["content"], [{"role": "user", "content": opening[1]["content"]}]
     result = RolloutResult(rollout_id, task.name, "ok", None, session_log=str(log.path) if log else None)
     t0 = time.monotonic()
     if log:
-        log.user(task.instruction)
+        log.user(turns[0]["content"])  # what the model saw, so the ingested log renders the same prompt
     try:
         with (sandbox_factory or make_sandbox)() as sb:
             for path, content in task.files.items():
@@ -212,13 +218,13 @@ def run_rollout(
             for _ in range(max_turns):
                 if stop is not None and (reason := stop()) is not None:
                     raise KillSwitchTriggered(reason)
-                text = policy(messages)
+                text = policy(wire.turns_to_messages(turns, system)[0])
                 calls = parse_tool_calls(text)
                 blocks = _split_blocks(text, calls)
                 result.turns += 1
                 if log:
                     log.assistant(blocks, str(model))
-                messages.append({"role": "assistant", "content": text})
+                turns.append({"role": "assistant", "content": text})
                 if not calls:
                     break
                 for block in (b for b in blocks if b["type"] == "tool_use"):
@@ -231,7 +237,10 @@ def run_rollout(
                         log.tool_result(
                             block["id"], outcome.content, outcome.is_error, outcome.tool_use_result
                         )
-                    messages.append({"role": "tool", "name": block["name"], "content": outcome.content})
+                    err = outcome.content if outcome.is_error else None
+                    turns.append(
+                        {"role": "tool", "name": block["name"], "content": outcome.content, "tool_error": err}
+                    )
             result.reward, result.test_output = score_in_sandbox(sb, task)
     except SandboxError as e:
         result.status, result.reward, result.error = "infra_error", None, f"{type(e).__name__}: {e}"
@@ -353,5 +362,6 @@ __all__ = [
     "run_rollout",
     "run_rollouts",
     "score_in_sandbox",
+    "task_prompt",
     "trainable",
 ]

@@ -2,17 +2,17 @@
 
 Tool names and input keys follow Claude Code (``Bash{command}``, ``Read{file_path}``,
 ``Write{file_path, content}``, ``Edit{file_path, old_string, new_string}``), so rollouts recorded in its
-session-log format read exactly like real sessions. Model output is parsed in the Hermes / Qwen form
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` that TRL and most open chat templates use.
+session-log format read exactly like real sessions. Model output is parsed in the one action format of
+:mod:`composer_replication.wire` (one line ``[TOOL_USE] name=<tool> input=<json>`` per call), the same
+format the model is trained on from ingested sessions and evaluated in.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from composer_replication import wire
 from composer_replication.datagen.sandbox import Sandbox, SandboxError
 
 TOOL_SCHEMAS: list[dict[str, Any]] = [
@@ -47,7 +47,6 @@ _ALIASES = {
     "read_file": "Read",
     "write_file": "Write",
 }
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @dataclass
@@ -61,26 +60,14 @@ class ToolOutcome:
 
 
 def parse_tool_calls(text: str) -> list[dict[str, Any]]:
-    """``[{"name", "input"}]`` from ``<tool_call>`` blocks; a malformed block becomes ``{"name": "_invalid"}``."""
-    calls = []
-    for raw in _TOOL_CALL_RE.findall(text):
-        try:
-            obj = json.loads(raw)
-            name = _ALIASES.get(obj["name"], obj["name"])
-            args = obj.get("arguments", obj.get("input", {}))
-            if isinstance(args, str):
-                args = json.loads(args)
-            if not isinstance(args, dict):
-                raise TypeError("arguments must be an object")
-            calls.append({"name": name, "input": args})
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            calls.append({"name": "_invalid", "input": {"raw": raw[:500], "error": str(e)}})
-    return calls
+    """``[{"name", "input"}]`` from the action's tool lines (``wire.tool_calls``), tool names normalised
+    (``bash`` -> ``Bash``); a malformed line becomes ``{"name": "_invalid"}``."""
+    return [{**c, "name": _ALIASES.get(c["name"], c["name"])} for c in wire.tool_calls(text)]
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
-    """The text form `parse_tool_calls` reads (used by scripted policies)."""
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+    """The action line `parse_tool_calls` reads (``wire.format_tool_use``; used by scripted policies)."""
+    return wire.format_tool_use(name, arguments)
 
 
 def _rel(sb: Sandbox, path: str) -> str:

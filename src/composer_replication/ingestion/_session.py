@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from composer_replication import wire
 from composer_replication.ingestion.errors import clean_error_message
 
 
@@ -108,7 +109,7 @@ class Event:
 
 
 def render_action(blocks: list[Block], *, thinking: bool) -> str:
-    """The shared student-action format: blocks in order, separated by a blank line."""
+    """The student-action text (``wire``): blocks in order, separated by a blank line."""
     parts = []
     for b in blocks:
         if b.kind == "text":
@@ -116,15 +117,11 @@ def render_action(blocks: list[Block], *, thinking: bool) -> str:
                 parts.append(b.text)
         elif b.kind == "tool_use":
             if not b.text:  # the rendered call, cached on the block (each turn is rendered twice)
-                b.text = f"[TOOL_USE] name={b.name} input={json.dumps(b.input, ensure_ascii=False)}"
+                b.text = wire.format_tool_use(b.name, b.input)
             parts.append(b.text)
         elif b.kind == "thinking" and thinking and b.text.strip():
-            parts.append(f"[THINKING] {b.text}")
-    return "\n\n".join(parts)
-
-
-def render_tool_result(name: str, content: str, is_error: bool) -> str:
-    return f"[TOOL_RESULT name={name} is_error={'true' if is_error else 'false'}]\n{content}"
+            parts.append(wire.format_thinking(b.text))
+    return wire.ACTION_SEP.join(parts)
 
 
 def estimate_tokens(text: str) -> int:
@@ -168,37 +165,25 @@ def build(
     conversations: list[list[list[Event]]], stem: str, opts: BuildOptions, stats: IngestionStats
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Turn parsed conversations into ``(states, examples)`` for one session file."""
-    tools = sorted(
-        {
-            b.name
-            for conv in conversations
-            for seg in conv
-            for ev in seg
-            if ev.blocks
-            for b in ev.blocks
-            if b.name
-        }
-    )
-    system = {"role": "system", "content": opts.system_prompt}
-    sys_tokens = opts.token_counter(opts.system_prompt)
     states: list[dict[str, Any]] = []
     examples: list[dict[str, Any]] = []
     idx = 0
     for conv in conversations:
+        # The tools this conversation calls (a sidechain kept as its own conversation has its own).
+        tools = sorted({b.name for seg in conv for ev in seg if ev.blocks for b in ev.blocks if b.name})
+        system = {"role": "system", "content": wire.system_text(tools, base=opts.system_prompt)}
+        sys_tokens = opts.token_counter(system["content"])
         for seg_no, seg in enumerate(conv):
             mark_repeats(seg)
             _count_kinds(stats, seg)
+            # ``msgs`` is always ``wire.turns_to_messages(turns)``: built turn by turn with wire.append_turn.
             msgs: list[dict[str, str]] = []
             cum = [0]  # prefix sums of token estimates over msgs
             start = 0
-            pending: list[str] = []
             last_error: dict[str, Any] | None = None
             turns: list[dict[str, Any]] = []
             for ev in seg:
                 if ev.kind == "assistant":
-                    if pending:
-                        _push(msgs, cum, {"role": "user", "content": "\n\n".join(pending)}, opts)
-                        pending = []
                     stats.n_assistant_turns += 1
                     action = render_action(ev.blocks or [], thinking=True)
                     hist = render_action(ev.blocks or [], thinking=not opts.strip_thinking)
@@ -231,19 +216,20 @@ def build(
                         for b in ev.blocks or []
                         if b.kind == "tool_use"
                     ]
-                    turns.append(
+                    _add(
+                        msgs,
+                        cum,
+                        turns,
                         {
                             "role": "assistant",
                             "content": hist,
                             "tool_call": calls[0] if calls else None,
                             "tool_calls": calls,
                             "state_id": sid if action else None,
-                        }
+                        },
+                        opts,
                     )
-                    if hist:
-                        _push(msgs, cum, {"role": "assistant", "content": hist}, opts)
                 elif ev.kind == "tool":
-                    pending.append(render_tool_result(ev.tool_name, ev.text, ev.error is not None))
                     turn: dict[str, Any] = {
                         "role": "tool",
                         "name": ev.tool_name,
@@ -255,18 +241,28 @@ def build(
                         meta.setdefault("available_tools", tools)
                         turn["error_meta"] = meta
                         last_error = meta
-                    turns.append(turn)
+                    _add(msgs, cum, turns, turn, opts)
                 else:
-                    pending.append(ev.text)
-                    turns.append({"role": "user", "content": ev.text})
-            examples.extend(_examples(turns, stem, seg_no, opts, len(examples)))
+                    _add(msgs, cum, turns, {"role": "user", "content": ev.text}, opts)
+            examples.extend(_examples(turns, stem, seg_no, opts, len(examples), tools))
     stats.n_examples += len(examples)
     return states, examples
 
 
-def _push(msgs: list[dict[str, str]], cum: list[int], msg: dict[str, str], opts: BuildOptions) -> None:
-    msgs.append(msg)
-    cum.append(cum[-1] + opts.token_counter(msg["content"]))
+def _add(
+    msgs: list[dict[str, str]],
+    cum: list[int],
+    turns: list[dict[str, Any]],
+    turn: dict[str, Any],
+    opts: BuildOptions,
+) -> None:
+    """Record ``turn`` and render it into ``msgs`` (``wire.append_turn``), keeping the token prefix sums."""
+    turns.append(turn)
+    n = len(msgs)
+    at = wire.append_turn(msgs, turn)
+    if at < n:  # merged into the last message: its estimate changes
+        cum.pop()
+    cum.append(cum[-1] + opts.token_counter(msgs[at]["content"]))
 
 
 def _turn_tokens(turn: dict[str, Any], opts: BuildOptions) -> int:
@@ -274,7 +270,7 @@ def _turn_tokens(turn: dict[str, Any], opts: BuildOptions) -> int:
 
 
 def _examples(
-    turns: list[dict[str, Any]], stem: str, seg_no: int, opts: BuildOptions, first_no: int
+    turns: list[dict[str, Any]], stem: str, seg_no: int, opts: BuildOptions, first_no: int, tools: list[str]
 ) -> list[dict[str, Any]]:
     """Cut one segment's turns into training examples (see docs/ingestion.md, "traces.jsonl").
 
@@ -297,6 +293,7 @@ def _examples(
             "source": opts.source,
             "turns": ts,
             "dpo_pairs": None,
+            "tools": tools,
             "state_ids": [t["state_id"] for t in ts if t["role"] == "assistant" and t.get("state_id")],
         }
         out.append(ex)

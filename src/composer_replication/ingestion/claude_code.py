@@ -31,16 +31,10 @@ from composer_replication.ingestion._session import (
 )
 from composer_replication.ingestion.errors import classify_error, detect_failure
 from composer_replication.ingestion.redact import Redactor
+from composer_replication.wire import SYSTEM_PROMPT  # the agent's system message (one wire format)
 
 __all__ = ["SYSTEM_PROMPT", "ClaudeCodeIngester", "IngestionStats"]
 
-SYSTEM_PROMPT = (
-    "You are a senior software engineer working as a coding agent in a terminal environment. You read and "
-    "edit files, run commands and tests, and use the tools available to you to complete the user's task. "
-    "Each tool call is one line `[TOOL_USE] name=<tool> input=<json>`; tool results come back as "
-    "`[TOOL_RESULT name=<tool> is_error=<true|false>]` messages. Act carefully: read before editing, check "
-    "the result of every command, and recover from errors instead of repeating a failing call."
-)
 
 TESTED_VERSIONS = ((1, 0, 0), (2, 1, 288))
 _KNOWN_TYPES = frozenset(

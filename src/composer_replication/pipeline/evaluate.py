@@ -3,8 +3,9 @@
 Two measurements, both written to ``eval/eval.json``:
 
 1. **Recovery at held-out error sites.** For each state of the held-out traces that follows a failed
-   tool call, the model gets the conversation so far (with the teachers' action-format instructions)
-   and answers greedily. The answer is parsed with ``teacher_replay.actions``:
+   tool call, the model gets the conversation so far exactly as training and GRPO render it (the
+   state's ``messages``, ``wire`` format, fitted to ``max_prompt_tokens`` by dropping the oldest
+   messages, never the system message) and answers greedily. The answer is parsed with ``wire``:
    *valid* = it parses as a well-formed action (every tool line's input is JSON, and the tools named
    exist in the session when the session lists its tools); *tool match* = the same sequence of tool
    names as the recorded recovery; *exact* = the same canonical action as the recorded recovery
@@ -24,9 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from composer_replication import wire
 from composer_replication._io import JsonlAppender, read_jsonl
-
-_ERROR_MARK = "is_error=true]"
 
 
 def is_error_site(state: dict[str, Any]) -> bool:
@@ -36,14 +36,17 @@ def is_error_site(state: dict[str, Any]) -> bool:
     msgs = state.get("messages") or []
     if not msgs or msgs[-1].get("role") != "user":
         return False
-    head = str(msgs[-1].get("content", "")).split("\n", 1)[0]
-    return head.startswith("[TOOL_RESULT") and head.endswith(_ERROR_MARK)
+    # A user message of merged results: the failed result may be any of them (each starts a paragraph).
+    for part in str(msgs[-1].get("content", "")).split(wire.ACTION_SEP):
+        head = wire.parse_tool_result_head(part)
+        if head is not None and head[1]:
+            return True
+    return False
 
 
 def score_action(output: str, state: dict[str, Any]) -> dict[str, Any]:
     """Score one greedy answer against the recorded recovery of ``state``."""
-    from composer_replication.teacher_replay.actions import canonical_action, parse_action
-
+    parse_action, canonical_action = wire.parse_action, wire.canonical_action
     parsed = parse_action(output)
     canon = canonical_action(output)
     tools = state.get("tools") or []
@@ -71,6 +74,14 @@ def model_fingerprint(model_dir: str | Path) -> str:
         if f.is_file() and (f.suffix in (".safetensors", ".bin", ".json") or f.name.endswith(".model")):
             h.update(f.name.encode() + b"\0" + (hash_path(f) or "").encode())
     return h.hexdigest()[:16]
+
+
+def prompt_ids(tok: Any, state: dict[str, Any], max_prompt_tokens: int) -> Any:
+    """The ``(1, T)`` prompt ids a model answers at ``state``: its ``wire`` messages, fitted to
+    ``max_prompt_tokens`` (oldest messages first, never the system message), with the generation prompt."""
+    msgs = wire.fit_messages(tok, state["messages"], max_prompt_tokens)
+    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+    return enc["input_ids"]
 
 
 class GreedyGenerator:
@@ -117,15 +128,10 @@ class GreedyGenerator:
             return self.cache[key]
         import torch
 
-        from composer_replication.teacher_replay.prompt import build_messages
-
         if self._model is None:
             self._load()
         tok, model = self._tok, self._model
-        enc = tok.apply_chat_template(
-            build_messages(state), add_generation_prompt=True, return_dict=True, return_tensors="pt"
-        )
-        ids = enc["input_ids"][:, -self.max_prompt_tokens :]
+        ids = prompt_ids(tok, state, self.max_prompt_tokens)
         with torch.no_grad():
             out = model.generate(
                 input_ids=ids,

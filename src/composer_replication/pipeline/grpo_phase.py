@@ -1,6 +1,7 @@
 """The pipeline's online phase: GRPO-family RL (TRL) on the bundled sandbox coding tasks.
 
-Prompts are the tasks' instructions with a system message naming the tools and their call format;
+Prompts are the tasks' opening messages as rollouts see them (``wire``: system message with the tools and
+the action format, the instruction with the workspace files);
 the reward is ``datagen.env.make_test_reward``: each completion's tool calls are applied in a fresh
 sandbox and the task's tests decide 1.0 / 0.0 (an infrastructure failure is None and moves nothing).
 The policy loss is the ``train.grpo.objective`` preset through ``ComposerReplicationTrainer``; its
@@ -15,7 +16,6 @@ own limits (see ``datagen.bwrap_sandbox``), and tasks other than the bundled one
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,23 +24,16 @@ from composer_replication._io import atomic_write_json, write_jsonl_atomic
 
 
 def task_rows(names: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The selected bundled tasks and their TRL rows (system prompt with the tools + the instruction)."""
-    from composer_replication.datagen.rollout import SYSTEM
+    """The selected bundled tasks and their TRL rows (``datagen.rollout.task_prompt``: the rollouts' prompt)."""
+    from composer_replication.datagen.rollout import task_prompt
     from composer_replication.datagen.tasks import bundled_tasks
-    from composer_replication.datagen.tools import TOOL_SCHEMAS
 
     tasks = bundled_tasks()
     unknown = sorted(set(names) - set(tasks))
     if unknown:
         raise ValueError(f"grpo.tasks: unknown task(s) {unknown}; bundled tasks are {sorted(tasks)}")
     chosen = {n: tasks[n] for n in (names or sorted(tasks))}
-    tools = "\n".join(json.dumps(t["function"]) for t in TOOL_SCHEMAS)
-    system = (
-        f"{SYSTEM}\nTools:\n{tools}\nCall a tool by writing "
-        '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>. Your calls run in order, then the tests run.'
-    )
-    rows = [{"prompt": [{"role": "system", "content": system}, {"role": "user", "content": t.instruction}], "task": n}
-            for n, t in chosen.items()]  # fmt: skip
+    rows = [{"prompt": task_prompt(t), "task": n} for n, t in chosen.items()]
     return chosen, rows
 
 

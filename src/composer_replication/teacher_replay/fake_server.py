@@ -43,7 +43,9 @@ class RequestInfo:
 
 
 def _default_responder(model: str, messages: list[dict[str, Any]]) -> str:
-    return f"[TOOL_USE] name=Read input={json.dumps({'file_path': 'README.md'})}"
+    from composer_replication.wire import format_tool_use
+
+    return format_tool_use("Read", {"file_path": "README.md"})
 
 
 @dataclass

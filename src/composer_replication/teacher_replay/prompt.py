@@ -6,14 +6,19 @@ import json
 import math
 from typing import Any
 
-TEACHER_INSTRUCTIONS = """\
-You are reviewing a coding agent's session. Given the conversation so far, output the single best \
-NEXT action of the assistant, in exactly the agent's action format:
-- To call a tool, write one line: [TOOL_USE] name=<tool name> input=<JSON object of arguments>
-  (the JSON must be valid and on that one line; several tool calls go on separate lines, separated by a blank line)
-- Otherwise write the assistant's reply as plain text.
-Do not explain your choice, do not use code fences, and do not write [THINKING] blocks.
-Tool results in the conversation appear as "[TOOL_RESULT name=<tool> is_error=<true|false>]" user messages."""
+from composer_replication import wire
+
+# Review instructions on top of the agent's own system message: the conversation is rendered exactly as
+# the student sees it (``wire``); only the task differs (name the next action, no commentary).
+TEACHER_INSTRUCTIONS = (
+    "You are reviewing a coding agent's session. Given the conversation so far, output the single best "
+    "NEXT action of the assistant, in exactly the agent's action format:\n"
+    f"- To call a tool, write one line: {wire.ACTION_FORMAT}\n"
+    "  (the JSON must be valid and on that one line; several tool calls go on separate lines, separated "
+    "by a blank line)\n"
+    "- Otherwise write the assistant's reply as plain text.\n"
+    "Do not explain your choice, do not use code fences, and do not write [THINKING] blocks."
+)
 
 # Chat templates add a few special tokens per message and around the reply; this bounds them.
 _PER_MESSAGE_OVERHEAD_TOKENS = 16
@@ -21,16 +26,17 @@ _PER_REQUEST_OVERHEAD_TOKENS = 64
 
 
 def build_messages(state: dict[str, Any], *, tools: list[str] | None = None) -> list[dict[str, str]]:
-    """System instructions (merged into the state's own system message, if any) plus the history."""
+    """The state's conversation (``wire``-rendered by ingestion) with the review instructions appended
+    to its system message; a state without one gets ``wire.system_text`` of its tools first."""
     tools = tools if tools is not None else state.get("tools")
-    instructions = TEACHER_INSTRUCTIONS
-    if tools:
-        instructions += "\nAvailable tools: " + ", ".join(str(t) for t in tools) + "."
     msgs = [{"role": m["role"], "content": m["content"]} for m in state["messages"]]
-    if msgs and msgs[0]["role"] == "system":
-        msgs[0] = {"role": "system", "content": msgs[0]["content"] + "\n\n" + instructions}
-    else:
-        msgs.insert(0, {"role": "system", "content": instructions})
+    if not msgs or msgs[0]["role"] != "system":
+        msgs.insert(0, {"role": "system", "content": wire.system_text(tools)})
+    system = msgs[0]["content"]
+    tools_line = wire.system_text(tools, base="").strip()
+    if tools_line and tools_line not in system:  # states from older ingests, or a custom system prompt
+        system += "\n" + tools_line
+    msgs[0] = {"role": "system", "content": system + "\n\n" + TEACHER_INSTRUCTIONS}
     return msgs
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from composer_replication import encoding
+from composer_replication import encoding, wire
 from composer_replication._extras import is_available, require
 from composer_replication.trainer import pair_tokens
 
@@ -44,18 +44,7 @@ else:  # the module imports without TRL; building the trainer names the extra to
 logger = logging.getLogger(__name__)
 
 _GLOBAL_NORM = ("dapo", "cispo", "vespo")
-HINT_PREFIX = "[HINT] "  # the collator's marker, so offline and online teachers see the same form
-
-
-def _classify_tool_error(text: str) -> str:
-    low = text.lower()
-    if "not found" in low:
-        return "tool_not_found"
-    if "json" in low or "decode" in low:
-        return "json_decode"
-    if "typeerror" in low or "argument" in low or "unexpected keyword" in low:
-        return "type_error"
-    return "runtime_error"
+HINT_PREFIX = wire.HINT_PREFIX  # offline (collator) and online teachers see the same form
 
 
 def _hint_for(error_kind: str, meta: dict | None) -> str | None:
@@ -143,16 +132,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     # ---------------------------------------------------------------- carrying extra columns
     def _prompt_with_hint(self, prompt: Any, hint: str) -> Any:
-        """The prompt with the hint appended to its last user message (as the collator does offline)."""
+        """The prompt with the hint appended to its last user message (``wire.add_hint``, as offline)."""
         if isinstance(prompt, str):
-            return f"{prompt}\n\n{HINT_PREFIX}{hint}"
-        msgs = [dict(m) for m in prompt]
-        last = max((i for i, m in enumerate(msgs) if m.get("role") in ("user", "tool")), default=None)
-        if last is None or not isinstance(msgs[last].get("content"), str):
-            msgs.append({"role": "user", "content": f"{HINT_PREFIX}{hint}"})
-        else:
-            msgs[last]["content"] = f"{msgs[last]['content']}\n\n{HINT_PREFIX}{hint}"
-        return msgs
+            return wire.with_hint(prompt, hint)
+        return wire.add_hint(prompt, hint)
 
     def _row_hints(self, inputs: list[dict]) -> list[str | None]:
         hints: list[str | None] = []
@@ -165,8 +148,10 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 for msg in completion:
                     content = str(msg.get("content", ""))
                     if msg.get("role") == "tool" and content.startswith("{'error':"):
+                        from composer_replication.ingestion.errors import classify_error
+
                         meta = {"tool_name": msg.get("name"), "error_message": content}
-                        hint = _hint_for(_classify_tool_error(content), meta)
+                        hint = _hint_for(classify_error(content), meta)
                         break
             hints.append(hint or None)
         return hints

@@ -1,12 +1,15 @@
 """``ComposerDataCollator``: traces (+ optional DPO pairs) -> trainer-ready tensors for the three channels.
 
-Rendering: every sequence is rendered with the tokenizer's chat template. Token ids are built per message
+Rendering: a trace becomes chat messages through :mod:`composer_replication.wire` (the one rendering
+shared with states, GRPO prompts and evaluation: the system message with the trace's tools, tool
+results as user messages, the SDPO hint appended to the message carrying the error), then every
+sequence is rendered with the tokenizer's chat template. Token ids are built per message
 (the text each message adds to the rendered prefix), and an assistant message is split into its header (the
 generation prompt) and its body (content + end-of-turn tokens). Masks are therefore exact by construction.
 Truncation (rows never exceed the cap) drops messages after the last response first (they have no target),
 then the oldest messages (a leading system message stays), then the oldest tokens of the prompt in front of
-the protected response; the header just before a response is never cut, so no response token sits at
-position 0. If the protected response is by itself longer than the cap, its tail is cut (its first tokens
+the protected response (never the SDPO hint), then the system message; the header just before a response
+is never cut, so no response token sits at position 0. If the protected response is by itself longer than the cap, its tail is cut (its first tokens
 are kept, as in TRL's SFT truncation). ``ignore_index`` is kept for API compatibility: masks are 0/1 tensors.
 
 Channels and their keys (present exactly under these conditions):
@@ -31,13 +34,16 @@ from typing import Any, Protocol, TypedDict
 
 import torch
 
+from composer_replication import wire
+from composer_replication.wire import turns_to_messages
+
 __all__ = [
     "CollatorConfig",
     "ComposerDataCollator",
     "TokenizerLike",
     "TraceExample",
     "TraceTurn",
-    "turns_to_messages",
+    "turns_to_messages",  # re-exported from wire
 ]
 
 
@@ -54,6 +60,7 @@ class TraceExample(TypedDict, total=False):
     turns: list[TraceTurn]
     final_reward: float
     dpo_pairs: list[dict] | None
+    tools: list[str]  # the session's tools (named in the system message; ``wire.trace_tools``)
 
 
 class TokenizerLike(Protocol):
@@ -76,37 +83,13 @@ class CollatorConfig:
     hint_generator: Callable[[str, dict], str | None] | None = None
     enable_replay_dpo: bool = True
     rlvr_reward_key: str = "final_reward"
-    system_prompt: str | None = None  # prepended to each trace when set (DPO state_messages carry their own)
+    # None: ``wire.system_text`` with the trace's tools (what states, GRPO prompts and evaluation show);
+    # a string replaces it, "" means no system message. DPO state_messages carry their own.
+    system_prompt: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_seq_len < 8 or self.max_dpo_seq_len < 8:
             raise ValueError("CollatorConfig: max_seq_len and max_dpo_seq_len must be >= 8")
-
-
-def _tool_text(turn: dict[str, Any]) -> str:
-    name = turn.get("name") or (turn.get("error_meta") or {}).get("tool_name") or "tool"
-    err = "true" if turn.get("tool_error") is not None else "false"
-    return f"[TOOL_RESULT name={name} is_error={err}]\n{turn.get('content') or ''}"
-
-
-def turns_to_messages(
-    turns: Sequence[dict[str, Any]], system_prompt: str | None = None
-) -> tuple[list[dict], list[int]]:
-    """Chat messages for ``turns`` (tool turns rendered as user messages; consecutive user-side turns merged,
-    which keeps roles alternating for strict templates) and, per turn, the index of its message."""
-    msgs: list[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    where: list[int] = []
-    for t in turns:
-        role = t.get("role")
-        text = _tool_text(t) if role == "tool" else str(t.get("content") or "")
-        if role == "assistant":
-            msgs.append({"role": "assistant", "content": text})
-        elif msgs and msgs[-1]["role"] == "user":
-            msgs[-1] = {"role": "user", "content": msgs[-1]["content"] + "\n\n" + text}
-        else:
-            msgs.append({"role": "user", "content": text})
-        where.append(len(msgs) - 1)
-    return msgs, where
 
 
 _SENTINEL = "\u2063\u2063collator-sentinel\u2063\u2063"
@@ -133,6 +116,12 @@ class ComposerDataCollator:
         if not isinstance(out, str):
             raise ValueError("apply_chat_template(tokenize=False) must return a string")
         return out
+
+    def _closing_tokens(self) -> int:
+        """Tokens the template writes after a user message's content (``<|im_end|>\\n`` in ChatML)."""
+        probe = self._render([{"role": "user", "content": _SENTINEL}], False)
+        tail = probe[probe.find(_SENTINEL) + len(_SENTINEL) :]
+        return len(self.tokenizer(tail, add_special_tokens=False)["input_ids"]) if tail else 0
 
     def _pieces(self, msgs: list[dict]) -> list[_Piece]:
         texts: list[tuple[str, bool, int]] = []
@@ -165,10 +154,16 @@ class ComposerDataCollator:
 
     @staticmethod
     def _truncate(
-        pieces: list[_Piece], protect_from: int, max_len: int, keep_first: bool, trim_from: int
+        pieces: list[_Piece],
+        protect_from: int,
+        max_len: int,
+        keep_first: bool,
+        trim_from: int,
+        keep_tail: tuple[int, int] = (-1, 0),
     ) -> list[_Piece]:
         """Drop whole messages from the oldest (a leading system message stays) until ``max_len`` fits;
-        messages with index >= ``protect_from`` are never dropped, nor those >= ``trim_from`` shortened."""
+        messages with index >= ``protect_from`` are never dropped, nor those >= ``trim_from`` shortened.
+        ``keep_tail = (message, n)``: trimming that message keeps its last ``n`` tokens (the hint)."""
         total = sum(len(p.ids) for p in pieces)
         if total <= max_len:
             return pieces
@@ -187,15 +182,27 @@ class ComposerDataCollator:
             drop.add(mi)
             total -= sum(len(p.ids) for p in pieces if p.msg == mi)
         kept = [p for p in pieces if p.msg not in drop]
+
         # Still too long: cut the oldest tokens of the prompt in front of the first kept response (never a
-        # response, never a leading system message, never the protected response's own header, so that a
-        # response token is never at position 0 where no logit predicts it).
-        for p in kept[1 if keep_first else 0 :]:
-            if total <= max_len or p.is_response or p.msg >= trim_from:
-                break
-            cut = min(total - max_len, len(p.ids))
-            p.ids = p.ids[cut:]
-            total -= cut
+        # response, never the protected response's own header, so that a response token is never at
+        # position 0 where no logit predicts it); first sparing the hint (``keep_tail``) and the system
+        # message, then (the system message gone: it is the same text in every row) the hint too.
+        def trim(start: int, spare: int) -> int:
+            n = total
+            for p in kept[start:]:
+                if n <= max_len or p.is_response or p.msg >= trim_from:
+                    break
+                cut = min(n - max_len, len(p.ids) - (spare if p.msg == keep_tail[0] else 0))
+                if cut > 0:
+                    p.ids = p.ids[cut:]
+                    n -= cut
+            return n
+
+        total = trim(1 if keep_first else 0, keep_tail[1])
+        if total > max_len and keep_first and kept and kept[0].msg == 0 and not kept[0].is_response:
+            total -= len(kept[0].ids)
+            kept = kept[1:]
+            total = trim(0, 0)
         # Still too long: the protected response alone exceeds the cap. Keep its first tokens (as TRL's
         # SFT truncation does); a row never exceeds ``max_len``.
         for p in reversed(kept):
@@ -213,10 +220,11 @@ class ComposerDataCollator:
         protect_from: int,
         max_len: int,
         trim_from: int | None = None,
+        keep_tail: tuple[int, int] = (-1, 0),
     ) -> tuple[list[int], list[int], dict[int, tuple[int, int]]]:
         keep_first = bool(msgs) and msgs[0]["role"] == "system"
         trim = protect_from if trim_from is None else trim_from
-        pieces = self._truncate(self._pieces(msgs), protect_from, max_len, keep_first, trim)
+        pieces = self._truncate(self._pieces(msgs), protect_from, max_len, keep_first, trim, keep_tail)
         ids: list[int] = []
         mask: list[int] = []
         spans: dict[int, tuple[int, int]] = {}
@@ -237,7 +245,7 @@ class ComposerDataCollator:
         any_sdpo = False
         for ex in batch:
             turns = list(ex.get("turns") or [])
-            msgs, where = turns_to_messages(turns, cfg.system_prompt)
+            msgs, where = wire.trace_messages(ex, system_prompt=cfg.system_prompt)
             assistant = {i for i, m in enumerate(msgs) if m["role"] == "assistant"}
             last = max(assistant) if assistant else len(msgs)
             ids, mask, spans = self._encode(msgs, assistant, last, cfg.max_seq_len)
@@ -256,9 +264,13 @@ class ComposerDataCollator:
                 s_mask.append([0] * len(ids))
                 continue
             rec, hint = site
-            tmsgs = [dict(m) for m in msgs[: rec + 1]]
-            tmsgs[rec - 1]["content"] = tmsgs[rec - 1]["content"] + f"\n\n[HINT] {hint}"
-            tids, tmask, tspans = self._encode(tmsgs, {rec}, rec - 1, cfg.max_seq_len, trim_from=rec)
+            tmsgs = [*wire.add_hint(msgs[:rec], hint), dict(msgs[rec])]
+            # The hint (and the end of its message) survives truncation: without it there is no teacher.
+            n_hint = len(self.tokenizer(wire.with_hint("", hint), add_special_tokens=False)["input_ids"])
+            n_hint += self._closing_tokens()
+            tids, tmask, tspans = self._encode(
+                tmsgs, {rec}, rec - 1, cfg.max_seq_len, trim_from=rec, keep_tail=(rec - 1, n_hint)
+            )
             a, b = spans[rec]
             # A recovery turn cut at the cap may be cut at a different length in the two rows (the hint
             # makes the teacher's longer): both masks keep the same leading tokens.

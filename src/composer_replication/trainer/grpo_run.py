@@ -8,7 +8,7 @@ the pair, so the DPO channel trains on it) and each tool-error site of a trace (
 - ``teacher_match``: 1.0 when the completion's canonical action equals the row's reference action (the
   teachers' consensus for pair rows, the student's own recovery for error-site rows), else half the
   ``difflib`` similarity of the two action texts;
-- ``tool_format``: 1.0 when the completion parses as at least one ``[TOOL_USE]`` call, else 0.
+- ``tool_format``: 1.0 when the completion parses as at least one tool call (``wire``), else 0.
 """
 
 from __future__ import annotations
@@ -17,54 +17,46 @@ import difflib
 from pathlib import Path
 from typing import Any
 
+from composer_replication import wire
 from composer_replication.config import TrainConfig
 from composer_replication.trainer import offline_data as od
 from composer_replication.trainer import pair_tokens
 
 
-def _turns_to_messages(turns: list[dict]) -> list[dict]:
-    from composer_replication.teacher_replay.actions import format_tool_use
-
-    msgs = []
-    for t in turns:
-        role = t.get("role")
-        if role == "assistant":
-            parts = [t.get("content") or ""]
-            if t.get("tool_call"):
-                parts.append(
-                    format_tool_use(t["tool_call"].get("name", ""), t["tool_call"].get("arguments", {}))
-                )
-            msgs.append({"role": "assistant", "content": "\n\n".join(p for p in parts if p)})
-        elif role == "tool":
-            err = t.get("tool_error")
-            name = (t.get("error_meta") or {}).get("tool_name", "tool")
-            head = f"[TOOL_RESULT name={name} is_error={'true' if err else 'false'}]"
-            msgs.append({"role": "user", "content": f"{head}\n{err or t.get('content') or ''}"})
-        else:
-            msgs.append({"role": "user", "content": t.get("content") or ""})
-    return msgs
-
-
 def build_rows(traces: list[dict], pairs: list[dict]) -> list[dict]:
-    """Dataset rows for TRL: ``prompt``, ``reference`` and optionally ``dpo_pair`` / ``error_kind``."""
+    """Dataset rows for TRL: ``prompt``, ``reference`` and optionally ``dpo_pair`` / ``error_kind``.
+
+    Trace rows are rendered with ``wire.trace_messages`` (the system message with the trace's tools, the
+    history up to the recovery turn), token for token what evaluation shows the model at the same state.
+    Each recovery (``state_id`` of the assistant turn) gives one row, from its ``error_site`` example when
+    the traces have kinds (an episode repeats the same site).
+    """
     rows = []
     for pair in pairs:
         _, messages, chosen, _ = pair_tokens.pair_fields(pair)
         rows.append({"prompt": messages, "reference": chosen, "dpo_pair": pair})
+    kinds = {t.get("kind") for t in traces}
+    if "error_site" in kinds:
+        traces = sorted(traces, key=lambda t: t.get("kind") != "error_site")  # error_site examples first
+    seen: set[str] = set()
     for trace in traces:
         turns = trace.get("turns") or []
         for i, turn in enumerate(turns):
             if turn.get("role") != "tool" or not turn.get("tool_error"):
                 continue
-            nxt = next((t for t in turns[i + 1 :] if t.get("role") == "assistant"), None)
-            if nxt is None:
+            j = next((k for k in range(i + 1, len(turns)) if turns[k].get("role") == "assistant"), None)
+            if j is None or not turns[j].get("content"):
                 continue
-            reference = _turns_to_messages([nxt])[0]["content"]
+            key = turns[j].get("state_id") or f"{trace.get('trace_id')}#{trace.get('example_id')}#{j}"
+            if key in seen:
+                continue
+            seen.add(key)
             meta = dict(turn.get("error_meta") or {})
             rows.append(
                 {
-                    "prompt": _turns_to_messages(turns[: i + 1]),
-                    "reference": reference,
+                    "prompt": wire.trace_messages(trace, j)[0],
+                    "reference": str(turns[j]["content"]),
+                    "state_id": turns[j].get("state_id"),
                     "error_kind": meta.get("error_kind") or "runtime_error",
                     "error_meta": meta,
                 }
@@ -73,23 +65,8 @@ def build_rows(traces: list[dict], pairs: list[dict]) -> list[dict]:
 
 
 def fit_prompt(tok: Any, messages: list[dict], max_len: int) -> list[dict]:
-    """Drop the oldest messages (a leading system message stays) until the rendered prompt fits
-    ``max_len`` tokens; a single message still over the cap keeps the end of its text."""
-    msgs = [dict(m) for m in messages]
-    keep_first = 1 if msgs and msgs[0].get("role") == "system" else 0
-    # Estimate from per-message token counts (one tokenizer call each), then verify by rendering:
-    # re-rendering the whole history per dropped message is quadratic on long agent sessions.
-    sizes = [len(tok(str(m.get("content", "")), add_special_tokens=False)["input_ids"]) + 8 for m in msgs]
-    budget, start = max_len - sum(sizes[:keep_first]), len(msgs)
-    while start > keep_first + 1 and budget - sizes[start - 1] >= 0:
-        start -= 1
-        budget -= sizes[start]
-    msgs = msgs[:keep_first] + msgs[min(start, len(msgs) - 1) :]
-    while len(pair_tokens.render_prompt_ids(tok, msgs)) > max_len and len(msgs) > keep_first + 1:
-        del msgs[keep_first]
-    while len(pair_tokens.render_prompt_ids(tok, msgs)) > max_len and len(msgs[-1]["content"]) > 16:
-        msgs[-1]["content"] = msgs[-1]["content"][len(msgs[-1]["content"]) // 4 :]
-    return msgs
+    """``wire.fit_messages``: drop the oldest messages (the system message stays) until the prompt fits."""
+    return wire.fit_messages(tok, messages, max_len)
 
 
 def _completion_text(c: Any) -> str:
@@ -97,8 +74,7 @@ def _completion_text(c: Any) -> str:
 
 
 def teacher_match_reward(completions: list, reference: list[str], **_: Any) -> list[float]:
-    from composer_replication.teacher_replay.actions import canonical_action
-
+    canonical_action = wire.canonical_action
     out = []
     for c, ref in zip(completions, reference):
         text = _completion_text(c)
@@ -110,9 +86,7 @@ def teacher_match_reward(completions: list, reference: list[str], **_: Any) -> l
 
 
 def tool_format_reward(completions: list, **_: Any) -> list[float]:
-    from composer_replication.teacher_replay.actions import parse_action
-
-    return [1.0 if parse_action(_completion_text(c)).tool_calls else 0.0 for c in completions]
+    return [1.0 if wire.parse_action(_completion_text(c)).tool_calls else 0.0 for c in completions]
 
 
 def train_grpo(

@@ -118,7 +118,7 @@ def recovery_pairs(traces: list[dict], *, limit_chars: int = 2000) -> list[dict]
     to exercise the preference channel (tests, benchmarks, a run before any teacher replay); teacher
     consensus pairs from ``pairs`` are the real signal.
     """
-    from composer_replication.trainer.data_collator import turns_to_messages
+    from composer_replication.wire import trace_messages
 
     pairs: list[dict] = []
     seen: set[tuple] = set()
@@ -135,8 +135,8 @@ def recovery_pairs(traces: list[dict], *, limit_chars: int = 2000) -> list[dict]
             chosen = str(turns[after].get("content") or "")[:limit_chars]
             if not chosen.strip() or chosen == rejected:
                 continue
-            messages, _ = turns_to_messages(turns[:before])
-            if not messages:  # the failed action opens the window: no state to prefer it in
+            messages, _ = trace_messages(trace, before)
+            if before == 0:  # the failed action opens the window: no state to prefer it in
                 continue
             key = (json.dumps(messages[-2:], sort_keys=True), chosen, rejected)
             if key in seen:  # overlapping trace windows repeat the same site
