@@ -130,7 +130,7 @@ def parse_action(text: str | None) -> ParsedAction:
         try:
             calls.append((name, json.loads(raw)))
         except json.JSONDecodeError as exc:
-            errors.append(f"tool {name}: input is not JSON ({exc.msg})")
+            errors.append(f"tool {name}: input is not valid JSON ({exc.msg})")
     return ParsedAction(text="\n".join(prose).strip(), tool_calls=tuple(calls), errors=tuple(errors))
 
 
@@ -144,11 +144,14 @@ def tool_calls(text: str) -> list[dict[str, Any]]:
     for name, raw in _scan(text)[1]:
         try:
             args = json.loads(raw)
-            if not isinstance(args, dict):
-                raise TypeError(f"input must be a JSON object, got {type(args).__name__}")
-            out.append({"name": name, "input": args})
-        except (json.JSONDecodeError, TypeError) as e:
-            out.append({"name": "_invalid", "input": {"raw": raw[:500], "error": f"{name}: {e}"}})
+        except json.JSONDecodeError as e:
+            error = f"{name}: input is not valid JSON ({e.msg})"
+        else:
+            if isinstance(args, dict):
+                out.append({"name": name, "input": args})
+                continue
+            error = f"{name}: input must be a JSON object, got {type(args).__name__}"
+        out.append({"name": "_invalid", "input": {"raw": raw[:500], "error": error}})
     return out
 
 
