@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from composer_replication import encoding
+from composer_replication import encoding, wire
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class ErrorSite:
     hint: str
     recovery: str
     error_kind: str
+    tools: tuple[str, ...] = ()  # the session's tools, named in the system message (``wire``)
 
 
 def error_sites(traces: Sequence[dict], hint_generator: Callable[[str, dict], str | None] | None = None):
@@ -71,18 +72,16 @@ def error_sites(traces: Sequence[dict], hint_generator: Callable[[str, dict], st
                 continue
             seen.add(key)
             sid = f"{trace.get('trace_id')}::{key}"
-            out.append(ErrorSite(sid, tuple(turns[:j]), hint, recovery, kind))
+            tools = tuple(wire.trace_tools(trace))
+            out.append(ErrorSite(sid, tuple(turns[:j]), hint, recovery, kind, tools))
     return out
 
 
 def site_messages(site: ErrorSite, *, hinted: bool) -> list[dict]:
-    """Chat messages of the history at ``site``; ``hinted`` appends the hint to the error message."""
-    from composer_replication.trainer.data_collator import turns_to_messages
-
-    msgs, _ = turns_to_messages(site.turns)
-    if hinted:
-        msgs[-1] = {**msgs[-1], "content": msgs[-1]["content"] + f"\n\n[HINT] {site.hint}"}
-    return msgs
+    """Chat messages of the history at ``site`` in the ``wire`` format (the system message with the
+    session's tools, then the turns); ``hinted`` appends the hint to the error message."""
+    msgs, _ = wire.turns_to_messages(site.turns, wire.system_text(site.tools))
+    return wire.add_hint(msgs, site.hint) if hinted else msgs
 
 
 def prompt_ids(tok: Any, messages: list[dict], max_len: int) -> list[int]:
