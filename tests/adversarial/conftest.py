@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
@@ -206,29 +207,22 @@ def probe_keys_unsandboxed(serials: list[int]) -> str:
 
 @pytest.fixture()
 def sandbox_ps():
-    """``ps(sb)``: the sandbox's processes still alive (see `sandbox_processes`)."""
-    return sandbox_processes
+    """``(prefix, alive)``: prefix a command with ``prefix`` (it exports a unique marker that every child
+    inherits); ``alive()`` lists the host processes still carrying it - for either backend, since a
+    container's processes are host processes too. Exact even with other sandboxes running on the host."""
+    marker = f"CR_SURVIVOR_MARK={uuid.uuid4().hex}"
 
-
-def sandbox_processes(sb) -> list[str]:
-    """Processes of the sandbox still alive after its commands (host-side for bwrap, inside for docker)."""
-    if getattr(sb, "type", "") == "bwrap":
-        alive = []
+    def alive() -> list[str]:
+        found = []
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
                 try:
-                    if d.stat().st_uid == sb.sandbox_uid:
-                        alive.append(d.name)
-                except FileNotFoundError:
+                    if marker.encode() in (d / "environ").read_bytes():
+                        found.append(
+                            f"{d.name} {(d / 'cmdline').read_bytes().replace(bytes(1), b' ').decode()}"
+                        )
+                except OSError:
                     continue
-        return alive
-    code = (
-        "import os\nfor p in os.listdir('/proc'):\n    if p.isdigit():\n        try:\n"
-        "            print(p, open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode())\n"
-        "        except OSError:\n            pass\n"
-    )
-    sb.put(".cr_ps.py", code)
-    out = sb.exec("python3 .cr_ps.py", 10).output
-    # the container's init and its `sleep infinity` stay; the listing itself (timeout, python) is expected
-    expected = ("docker-init", "sleep infinity", ".cr_ps.py")
-    return [ln for ln in out.splitlines() if ln.strip() and not any(w in ln for w in expected)]
+        return found
+
+    return f"export {marker}; ", alive

@@ -180,7 +180,7 @@ def test_docker_argv_is_locked_down():
     assert run[-3:] == ["python:3.11-slim", "sleep", "infinity"]
     assert any(a.startswith("/workspace:rw,exec,size=") for a in run)
     exec_argv = sb.exec_argv("pytest -q", 7)
-    assert exec_argv[-6:] == ["timeout", "--signal=KILL", "7", "bash", "-c", "pytest -q"]
+    assert exec_argv[-2:] == ["7", "pytest -q"] and "timeout --signal=KILL" in exec_argv[-5]
     assert exec_argv[:4] == ["docker", "exec", "-w", "/workspace"]
     assert DockerSandbox(executable="podman", runtime="runsc").run_argv()[:2] == ["podman", "run"]
     assert "--runtime" in DockerSandbox(runtime="runsc").run_argv()

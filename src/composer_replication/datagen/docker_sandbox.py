@@ -10,8 +10,9 @@ What is covered:
   profile** (which denies ``keyctl``/``add_key``/``request_key`` and namespace creation; `start` refuses
   a daemon that reports no seccomp support). Docker masks ``/proc/keys`` and runs every container
   with its own session keyring.
-- After every command, whatever it left running is killed (``kill -9 -1`` as the sandbox user; the
-  container's init survives), as in the bubblewrap backend; OOM kills and refused forks are read from
+- After every command, whatever it left running is killed by the same ``docker exec`` (all but the
+  container's init, which reaps them (``--init``), and its ``sleep infinity``), as in the bubblewrap
+  backend; OOM kills and refused forks are read from
   the container's cgroup on the host and reported as ``memory_limit`` / ``nproc_limit``.
 - The default image is built locally by `docker_image.ensure_image` (no registry).
 - Wall clock: each command runs under ``timeout --signal=KILL`` *inside* the container (the agent's
@@ -63,9 +64,14 @@ __all__ = [
 ]
 
 WORKDIR = "/workspace"
-_KILL_REST = (
-    'keep=" 1 $1 $$ "; for p in /proc/[0-9]*; do p=${p#/proc/}; '
-    'case "$keep" in *" $p "*) ;; *) kill -9 "$p" 2>/dev/null;; esac; done; true'
+# Runs every command: `timeout` kills it at the deadline, then everything it left behind is killed - all
+# but the container's init (pid 1), its `sleep infinity` ($1) and this shell - so nothing outlives a
+# command (and docker exec does not wait on a background child holding stdout). Keeps the exit code.
+_WRAP = (
+    # (the shell's own "Killed" notice goes to /dev/null; the command's stderr to the caller's, via fd 3)
+    'exec 3>&2 2>/dev/null; timeout --signal=KILL "$2" bash -c "$3" 2>&3 3>&-; rc=$?; keep=" 1 $1 $$ "; '
+    "for p in /proc/[0-9]*; do "
+    'p=${p#/proc/}; case "$keep" in *" $p "*) ;; *) kill -9 "$p" 2>/dev/null;; esac; done; exit $rc'
 )
 _GRACE_S = 15.0  # extra seconds the docker CLI gets beyond the in-container timeout before it is "infra"
 
@@ -185,7 +191,7 @@ class DockerSandbox:
         """The ``docker exec`` argv for one command under an in-container ``timeout --signal=KILL``."""
         target = self.container_id or self.name
         argv = [self.executable, "exec"] + (["-i"] if stdin else []) + ["-w", WORKDIR, target]
-        return argv + ["timeout", "--signal=KILL", f"{timeout:g}", "bash", "-c", cmd]
+        return argv + ["bash", "-c", _WRAP, "cr-exec", self._main_pid, f"{timeout:g}", cmd]
 
     def stop_argv(self) -> list[str]:
         return [self.executable, "rm", "-f", self.container_id or self.name]
@@ -253,9 +259,6 @@ class DockerSandbox:
         if r.returncode in (125,) or b"No such container" in r.stderr:
             raise SandboxError(f"{self.executable} exec failed: {r.stderr.decode(errors='replace').strip()}")
         elapsed = time.monotonic() - t0
-        # Nothing a command started outlives it: kill all but the init, `sleep infinity` and this shell.
-        target = self.container_id or self.name
-        self._run([self.executable, "exec", target, "bash", "-c", _KILL_REST, "kill", self._main_pid], 30)
         after = self._events()
         timed_out = r.returncode == 137 and elapsed >= timeout * 0.95
         if timed_out:
