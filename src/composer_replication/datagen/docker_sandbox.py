@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -106,12 +107,12 @@ def image_present(image: str = SANDBOX_IMAGE, executable: str = "docker") -> boo
 
 @functools.lru_cache(maxsize=4)
 def _daemon_has_seccomp(executable: str) -> bool:
-    r = subprocess.run(
-        [executable, "info", "--format", "{{json .SecurityOptions}}"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    """Whether the engine applies a seccomp profile (docker: SecurityOptions; podman: Host.Security)."""
+    podman = os.path.basename(executable).startswith("podman")
+    fmt = "{{.Host.Security.SECCOMPEnabled}}" if podman else "{{json .SecurityOptions}}"
+    r = subprocess.run([executable, "info", "--format", fmt], capture_output=True, text=True, timeout=30)
+    if podman:
+        return r.stdout.strip() == "true"
     try:
         return any("seccomp" in opt for opt in json.loads(r.stdout or "null") or [])
     except ValueError:
