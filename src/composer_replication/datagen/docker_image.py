@@ -89,7 +89,7 @@ def _dist_files(names: Iterable[str]) -> dict[str, str]:
         dist = metadata.distribution(name)
         todo += dist.requires or []
         for f in dist.files or []:
-            host = Path(dist.locate_file(f)).resolve()
+            host = Path(str(dist.locate_file(f))).resolve()
             if host.is_file() and site in host.parents and "__pycache__" not in f.parts:
                 rel = host.relative_to(site).as_posix()
                 out[

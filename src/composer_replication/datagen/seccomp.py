@@ -74,7 +74,8 @@ def _errno(code: int) -> int:
 
 def _assemble(prog: list[tuple]) -> bytes:
     """Resolve ("label", name) markers and symbolic jump targets into packed ``struct sock_filter``s."""
-    labels, insns = {}, []
+    labels: dict[str, int] = {}
+    insns: list[tuple] = []
     for item in prog:
         if item[0] == "label":
             labels[item[1]] = len(insns)

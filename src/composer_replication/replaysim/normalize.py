@@ -118,23 +118,23 @@ class DJNormalizer:
         return cfg
 
     def normalize(self, pairs: Iterable[DPOPair | dict[str, Any]]) -> list[NormalizedDPOPair]:
-        pairs = [_as_pair(p, i) for i, p in enumerate(pairs)]
-        report = NormalizeReport(records_in=len(pairs))
+        rows = [_as_pair(p, i) for i, p in enumerate(pairs)]
+        report = NormalizeReport(records_in=len(rows))
         if self.skip_dj:
-            report.records_out = len(pairs)
+            report.records_out = len(rows)
             self.last_report = report
-            return [_to_normalized(p, {"skipped": True}) for p in pairs]
-        if not pairs:
+            return [_to_normalized(p, {"skipped": True}) for p in rows]
+        if not rows:
             self.last_report = report
             return []
-        kept_ids, report = self._run(pairs, report)
+        kept_ids, report = self._run(rows, report)
         self.last_report = report
         meta = {
             "skipped": False,
             "recipe": str(self.recipe_path),
             "ops": [next(iter(e)) for e in self.recipe["process"]],
         }
-        return [_to_normalized(pairs[i], meta) for i in kept_ids]
+        return [_to_normalized(rows[i], meta) for i in kept_ids]
 
     def _run(self, pairs: list[dict[str, Any]], report: NormalizeReport) -> tuple[list[int], NormalizeReport]:
         from data_juicer.core.data import NestedDataset
@@ -150,7 +150,8 @@ class DJNormalizer:
             for i, p in enumerate(pairs)
         ]
         text_key = self.recipe.get("text_keys", "text")
-        process, names = [], []
+        process: list[Any] = []
+        names: list[str] = []
         for entry in self.recipe["process"]:
             ((name, args),) = entry.items()
             args = {"text_key": text_key, **(args or {}), "skip_op_error": False, "num_proc": 1}

@@ -52,6 +52,7 @@ def apply_lora(model: Any, cfg: TrainConfig) -> Any:
 def make_optimizer(cfg: TrainConfig, model: torch.nn.Module):
     params = [p for p in model.parameters() if p.requires_grad]
     o = cfg.optimizer
+    opt: torch.optim.Optimizer
     if o.type == "sgd":
         opt = torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
     else:

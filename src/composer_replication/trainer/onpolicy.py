@@ -44,7 +44,9 @@ def error_sites(traces: Sequence[dict], hint_generator: Callable[[str, dict], st
     overlapping trace windows. A site is the history up to the first assistant turn after a failed tool
     call; its hint comes from the last failure before that turn (as in the collator)."""
     if hint_generator is None:
-        from composer_replication.hint_generator import hint_for_error as hint_generator
+        from composer_replication.hint_generator import hint_for_error
+
+        hint_generator = hint_for_error
     out: list[ErrorSite] = []
     seen: set[str] = set()
     for trace in traces:

@@ -20,7 +20,8 @@ __all__ = ["encode_pairs", "pair_fields"]
 
 def pair_fields(pair: Any) -> tuple[str, list[dict], str, str]:
     """Return ``(pair_id, state_messages, chosen_text, rejected_text)`` for either pair shape."""
-    row = dataclasses.asdict(pair) if dataclasses.is_dataclass(pair) else dict(pair)
+    is_record = dataclasses.is_dataclass(pair) and not isinstance(pair, type)
+    row = dataclasses.asdict(pair) if is_record else dict(pair)
     messages = row.get("state_messages")
     if not isinstance(messages, list):
         raise ValueError(f"pair {row.get('state_id')!r} has no state_messages list")
@@ -44,8 +45,8 @@ def pair_fields(pair: Any) -> tuple[str, list[dict], str, str]:
 def encode_pairs(tokenizer: Any, pairs: list[Any], max_len: int = 2048) -> dict[str, Any]:
     """Batch of pairs -> the loss seam's ``dpo_*`` keys (right-padded) plus ``pair_ids`` (a list)."""
     pad = pad_id(tokenizer)
-    ids = {"chosen": [], "rejected": []}
-    masks = {"chosen": [], "rejected": []}
+    ids: dict[str, list[list[int]]] = {"chosen": [], "rejected": []}
+    masks: dict[str, list[list[int]]] = {"chosen": [], "rejected": []}
     pair_ids = []
     for pair in pairs:
         pid, messages, chosen, rejected = pair_fields(pair)

@@ -93,7 +93,7 @@ class SiteSet:
         return len(self.rows)
 
     @torch.no_grad()
-    def _ce_jsd(self, model: Any) -> dict[str, float]:
+    def _ce_jsd(self, model: Any) -> dict[str, Any]:
         from composer_replication.loss import model_logits, token_logprobs
         from composer_replication.opsd import generalized_jsd_loss
 

@@ -90,7 +90,7 @@ def read_object(store: ObjectStore, key: str) -> tuple[Any, dict[str, str], str]
         return bytearray(data), meta, hashlib.sha256(data).hexdigest()
     stream, size, meta = opener(key)
     buf, h, pos = np.empty(size, dtype=np.uint8), hashlib.sha256(), 0
-    view = memoryview(buf)
+    view = buf.data
     with stream:
         while pos < size:
             n = stream.readinto(view[pos : min(pos + _READ_CHUNK, size)])

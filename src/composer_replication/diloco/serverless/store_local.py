@@ -83,7 +83,7 @@ class LocalDirStore:
     def get(self, key: str) -> tuple[bytes, dict[str, str]]:
         f, size, meta = self.open_read(key)
         with f:
-            data = f.readall()  # straight into one bytes object of the right size
+            data = f.read()  # one read to EOF: straight into one bytes object of the right size
         return data, meta
 
     def list(self, prefix: str) -> list[str]:

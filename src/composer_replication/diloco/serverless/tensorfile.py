@@ -41,7 +41,7 @@ _U64 = struct.Struct("<Q")
 
 def _byte_view(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, without copying (any dtype, numpy-representable or not)."""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
 def layout(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:

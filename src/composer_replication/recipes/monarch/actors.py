@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from composer_replication._extras import require
 from composer_replication.safety.kill_switch import KillSwitch, KillSwitchTriggered
@@ -23,6 +23,9 @@ from composer_replication.safety.stop import Stop, as_stop
 require("monarch", purpose="the Monarch recipe")
 import cloudpickle  # noqa: E402
 from monarch.actor import Actor, current_rank, endpoint, this_host  # noqa: E402
+
+if TYPE_CHECKING:
+    from composer_replication.datagen.sandbox import SandboxType
 
 if not hasattr(cloudpickle.cloudpickle, "_function_getstate"):  # monarch panics deep in Rust otherwise
     raise ImportError(
@@ -33,11 +36,13 @@ if not hasattr(cloudpickle.cloudpickle, "_function_getstate"):  # monarch panics
 class RolloutWorker(Actor):
     """Runs coding tasks as a tool-calling agent in a sandbox; one task per rank per call."""
 
-    def __init__(self, out_dir: str, sandbox_type: str | None = None, model_dir: str | None = None) -> None:
+    def __init__(
+        self, out_dir: str, sandbox_type: SandboxType | None = None, model_dir: str | None = None
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.sandbox_type = sandbox_type
         self.model_dir = model_dir
-        self._policy = None
+        self._policy: Any = None
 
     def _policy_for(self, task: Any) -> Any:
         from composer_replication.datagen.rollout import HFPolicy, oracle_policy
