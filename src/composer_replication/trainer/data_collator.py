@@ -35,6 +35,7 @@ from typing import Any, Protocol, TypedDict
 import torch
 
 from composer_replication import wire
+from composer_replication.encoding import pad_rows
 from composer_replication.wire import turns_to_messages
 
 __all__ = [
@@ -286,21 +287,21 @@ class ComposerDataCollator:
             t_mask.append([1 if ta <= k < ta + n else 0 for k in range(len(tids))])
             s_mask.append([1 if a <= k < a + n else 0 for k in range(len(ids))])
         out = {
-            "input_ids": _pad(rows_ids, cfg.pad_token_id),
-            "attention_mask": _pad([[1] * len(x) for x in rows_ids], 0),
-            "response_mask": _pad(rows_mask, 0),
+            "input_ids": pad_rows(rows_ids, cfg.pad_token_id),
+            "attention_mask": pad_rows([[1] * len(x) for x in rows_ids], 0),
+            "response_mask": pad_rows(rows_mask, 0),
             "rewards": torch.tensor(rewards, dtype=torch.float32),
         }
         if any_sdpo:
-            out["ctx_teacher_input_ids"] = _pad(t_ids, cfg.pad_token_id)
-            out["sdpo_loss_mask"] = _pad(t_mask, 0)
-            out["sdpo_student_mask"] = _pad(s_mask, 0)
+            out["ctx_teacher_input_ids"] = pad_rows(t_ids, cfg.pad_token_id)
+            out["sdpo_loss_mask"] = pad_rows(t_mask, 0)
+            out["sdpo_student_mask"] = pad_rows(s_mask, 0)
         pairs = [p for ex in batch for p in (ex.get("dpo_pairs") or [])] if cfg.enable_replay_dpo else []
         if pairs:
             for side in ("chosen", "rejected"):
                 seqs = [self._dpo_row(p, side) for p in pairs]
-                out[f"dpo_{side}_input_ids"] = _pad([s[0] for s in seqs], cfg.pad_token_id)
-                out[f"dpo_{side}_response_mask"] = _pad([s[1] for s in seqs], 0)
+                out[f"dpo_{side}_input_ids"] = pad_rows([s[0] for s in seqs], cfg.pad_token_id)
+                out[f"dpo_{side}_response_mask"] = pad_rows([s[1] for s in seqs], 0)
         return out
 
     def _error_site(
@@ -332,13 +333,3 @@ class ComposerDataCollator:
         resp = len(msgs) - 1
         ids, mask, _ = self._encode(msgs, {resp}, resp, self.config.max_dpo_seq_len)
         return ids, mask
-
-
-def _pad(rows: list[list[int]], value: int) -> torch.Tensor:
-    width = max((len(r) for r in rows), default=0)
-    width = max(width, 1)
-    out = torch.full((len(rows), width), value, dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out
