@@ -313,11 +313,9 @@ def run(args: argparse.Namespace) -> int:
     if args.policy == "oracle":
         policy_for: Callable[[Task], Policy] = oracle_policy
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from composer_replication.models import load_model_and_tokenizer
 
-        hf = HFPolicy(
-            AutoModelForCausalLM.from_pretrained(args.policy), AutoTokenizer.from_pretrained(args.policy)
-        )
+        hf = HFPolicy(*load_model_and_tokenizer(args.policy))
         policy_for = lambda task: hf  # noqa: E731
     out = Path(args.out)
     with KillSwitch(stop_file=args.stop_file, log_path=out / "kill_switch.jsonl") as switch:

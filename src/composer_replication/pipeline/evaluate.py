@@ -116,11 +116,10 @@ class GreedyGenerator:
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def _load(self) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from composer_replication.models import load_model_and_tokenizer
 
-        self._tok = AutoTokenizer.from_pretrained(self.model_dir)
-        self._model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32).eval()
+        model, self._tok = load_model_and_tokenizer(self.model_dir)
+        self._model = model.eval()
 
     def __call__(self, state: dict[str, Any]) -> str:
         key = self._key(state)
