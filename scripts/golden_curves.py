@@ -36,7 +36,7 @@ ATOL = 1e-7
 
 KEYS = {
     "offline": ("loss/total", "loss/lm_ce", "loss/sdpo_jsd", "loss/trace_replay_dpo", "grad_norm"),
-    "grpo": ("loss/total", "sdpo/loss", "pref/loss", "reward", "grad_norm"),
+    "grpo": ("loss/total", "reward", "reward_std", "entropy", "grad_norm"),
 }
 
 
