@@ -47,6 +47,7 @@ __all__ = [
     "parse_action",
     "parse_tool_result_head",
     "render_canonical",
+    "score_action",
     "system_text",
     "task_messages",
     "task_text",
@@ -167,6 +168,28 @@ def canonical_action(text: str | None) -> CanonicalAction | None:
         )
     collapsed = _WS.sub(" ", parsed.text).strip()
     return collapsed or None
+
+
+def score_action(output: str, state: dict[str, Any]) -> dict[str, Any]:
+    """Score an answer against the action ``state["student_action"]`` recorded at that state: ``valid``
+    (well-formed, and naming only the session's tools when ``state["tools"]`` lists them),
+    ``has_tool_call``, ``tool_match`` (the same tool names in order) and ``exact`` (the same canonical
+    action). Evaluation and the site metrics score answers with it."""
+    parsed = parse_action(output)
+    canon = canonical_action(output)
+    tools = state.get("tools") or []
+    known_tools = all(name in tools for name, _ in parsed.tool_calls) if tools else True
+    valid = parsed.ok and canon is not None and known_tools
+    ref = parse_action(state["student_action"])
+    ref_canon = canonical_action(state["student_action"])
+    names = [n for n, _ in parsed.tool_calls]
+    ref_names = [n for n, _ in ref.tool_calls]
+    return {
+        "valid": bool(valid),
+        "has_tool_call": bool(parsed.tool_calls) and parsed.ok,
+        "tool_match": bool(valid and names == ref_names and bool(ref_names)),
+        "exact": bool(valid and canon == ref_canon),
+    }
 
 
 def render_canonical(action: CanonicalAction) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 
 from composer_replication import wire
 from composer_replication._io import JsonlAppender, read_jsonl
+from composer_replication.wire import score_action
 
 
 def is_error_site(state: dict[str, Any]) -> bool:
@@ -42,26 +43,6 @@ def is_error_site(state: dict[str, Any]) -> bool:
         if head is not None and head[1]:
             return True
     return False
-
-
-def score_action(output: str, state: dict[str, Any]) -> dict[str, Any]:
-    """Score one greedy answer against the recorded recovery of ``state``."""
-    parse_action, canonical_action = wire.parse_action, wire.canonical_action
-    parsed = parse_action(output)
-    canon = canonical_action(output)
-    tools = state.get("tools") or []
-    known_tools = all(name in tools for name, _ in parsed.tool_calls) if tools else True
-    valid = parsed.ok and canon is not None and known_tools
-    ref = parse_action(state["student_action"])
-    ref_canon = canonical_action(state["student_action"])
-    names = [n for n, _ in parsed.tool_calls]
-    ref_names = [n for n, _ in ref.tool_calls]
-    return {
-        "valid": bool(valid),
-        "has_tool_call": bool(parsed.tool_calls) and parsed.ok,
-        "tool_match": bool(valid and names == ref_names and bool(ref_names)),
-        "exact": bool(valid and canon == ref_canon),
-    }
 
 
 def model_fingerprint(model_dir: str | Path) -> str:

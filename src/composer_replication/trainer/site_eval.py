@@ -10,7 +10,7 @@ sites once; :meth:`SiteSet.measure` scores one model:
   the hint, on the same recovery tokens (mean over tokens, then sites): how much of the hint the model
   has absorbed.
 - ``valid_rate`` / ``tool_match_rate``: the greedy answer at the site, parsed with
-  ``teacher_replay.actions`` and scored by ``pipeline.evaluate.score_action``: a well-formed action; and a
+  ``teacher_replay.actions`` and scored by ``wire.score_action``: a well-formed action; and a
   well-formed action calling the same tools as the recorded recovery.
 - ``pref_accuracy``: over held-out recovery pairs (``offline_data.recovery_pairs``: the recovery chosen,
   the failed action rejected), the fraction whose chosen response has the higher mean token log-prob.
@@ -133,8 +133,8 @@ class SiteSet:
         return out
 
     def _actions(self, model: Any) -> dict[str, Any]:
-        from composer_replication.pipeline.evaluate import score_action
         from composer_replication.trainer.onpolicy import eos_token_ids
+        from composer_replication.wire import score_action
 
         answers = self.greedy_answers(model, eos_token_ids(self.tok))
         scores = [
