@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from composer_replication.datagen import bwrap_limits
-from composer_replication.datagen.sandbox import (
+from composer_replication.datagen.sandbox_base import (
     ExecResult,
     SandboxError,
     SandboxLimits,

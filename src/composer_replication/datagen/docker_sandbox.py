@@ -41,14 +41,13 @@ import uuid
 
 from composer_replication.datagen.bwrap_limits import process_cgroup_events
 from composer_replication.datagen.docker_image import SANDBOX_IMAGE
-from composer_replication.datagen.sandbox import (  # re-exported: the §16 module is the protocol's home
+from composer_replication.datagen.sandbox_base import (  # re-exported: the §16 module is the protocol's home
     ExecResult,
     Sandbox,
     SandboxError,
     SandboxLimits,
     check_command,
     limit_violations,
-    make_sandbox,
     safe_relpath,
     truncate_output,
 )
@@ -61,7 +60,6 @@ __all__ = [
     "SandboxLimits",
     "docker_available",
     "image_present",
-    "make_sandbox",
 ]
 
 WORKDIR = "/workspace"

@@ -8,17 +8,27 @@ tripwire (`policy.check_command`, re-exported here) that reports obvious escape 
 What is not covered: the policy is a tripwire, not a boundary. A determined program can obfuscate a
 command; isolation comes from the backend (namespaces, read-only mounts, cgroups, seccomp, rlimits),
 never from the policy. See docs/sandbox.md for the threat model.
+
+The protocol and its records live in `datagen.sandbox_base` (what the backends import); this module adds
+the dispatch (`make_sandbox`, `default_sandbox_type`), which imports the backends.
 """
 
 from __future__ import annotations
 
 import shutil
-import signal
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any
 
-from composer_replication.datagen.policy import check_command
+from composer_replication.datagen.sandbox_base import (
+    ExecResult,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxType,
+    check_command,
+    limit_violations,
+    safe_relpath,
+    truncate_output,
+)
 
 __all__ = [
     "ExecResult",
@@ -33,121 +43,6 @@ __all__ = [
     "safe_relpath",
     "truncate_output",
 ]
-
-SandboxType = Literal["bwrap", "docker", "podman"]
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (could not start, crashed, harness timeout): an *infrastructure* error.
-
-    Rollouts catch it and label the run ``status="infra_error"``; such runs are excluded from training and
-    never scored as reward 0.
-    """
-
-
-@dataclass
-class ExecResult:
-    """What one command in the sandbox did.
-
-    ``returncode`` is -1 when the command was killed for running past its wall-clock ``timeout``
-    (``timed_out=True``). ``violations`` lists policy hits (see `check_command`) and limits that fired.
-    """
-
-    output: str
-    returncode: int
-    timed_out: bool = False
-    duration_s: float = 0.0
-    violations: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class SandboxLimits:
-    """Resource limits of a sandbox.
-
-    ``memory_mb`` (swap included) and ``nproc`` hold for **all of a command's processes together**: a
-    cgroup (bwrap as root with writable cgroups; docker ``--memory``/``--pids-limit`` for the whole
-    container); where no cgroup can be made, bwrap falls back to ``memory_mb`` of address space per
-    process and ``nproc`` processes per sandbox uid (`BwrapSandbox.containment` says which holds).
-    ``workspace_mb`` caps what the sandbox can write: bwrap as root puts the workspace and ``/tmp`` on one
-    tmpfs of that size; docker gives ``/workspace`` and ``/tmp`` a tmpfs each of that size (both counted
-    in the container's memory); bwrap without root checks the workspace after each command.
-    ``cpu_s`` is CPU seconds per process (RLIMIT_CPU); ``fsize_mb`` the largest file a command may write;
-    ``output_bytes`` how much stdout+stderr is kept (the rest is cut, with a marker).
-    """
-
-    cpu_s: int = 30
-    memory_mb: int = 1024
-    nproc: int = 128
-    fsize_mb: int = 64
-    output_bytes: int = 64_000
-    workspace_mb: int = 256
-
-
-@runtime_checkable
-class Sandbox(Protocol):
-    """An isolated place to run an agent's commands over one workspace directory.
-
-    Use as a context manager: ``with make_sandbox("bwrap") as sb: sb.exec("ls")``. Paths given to
-    `put`/`get` are relative to the workspace; absolute paths or ``..`` are refused.
-    """
-
-    workdir: str  # the workspace path as seen *inside* the sandbox
-
-    def start(self) -> None: ...
-
-    def exec(self, cmd: str, timeout: float = 30.0) -> ExecResult: ...
-
-    def put(self, path: str, data: bytes | str) -> None: ...
-
-    def get(self, path: str) -> bytes: ...
-
-    def stop(self) -> None: ...
-
-    def __enter__(self) -> Sandbox: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-
-def limit_violations(output: str, returncode: int) -> list[str]:
-    """Which resource limit visibly fired in a command's output/exit code: used to *report*, not enforce."""
-    hits = []
-    if "MemoryError" in output or "Cannot allocate memory" in output or "std::bad_alloc" in output:
-        hits.append("memory_limit")
-    if "Resource temporarily unavailable" in output or "retry: fork" in output:
-        hits.append("nproc_limit")
-    if returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU) or "CPU time limit" in output:
-        hits.append("cpu_limit")
-    if (
-        returncode in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ)
-        or "File size limit" in output
-        or "File too large" in output
-    ):
-        hits.append("fsize_limit")
-    if "No space left on device" in output:
-        hits.append("workspace_limit")
-    return hits
-
-
-def safe_relpath(path: str) -> str:
-    """Normalise a workspace-relative path; refuse absolute paths and ``..`` (raise ``ValueError``)."""
-    p = Path(path)
-    if p.is_absolute() or ".." in p.parts or not p.parts:
-        raise ValueError(f"sandbox path {path!r} must be relative to the workspace, without '..'")
-    return p.as_posix()
-
-
-def truncate_output(data: bytes, limit: int) -> str:
-    text = data.decode("utf-8", errors="replace")
-    if len(data) > limit:
-        text = text[:limit] + f"\n[... output cut at {limit} bytes]"
-    return text
 
 
 def default_sandbox_type() -> SandboxType:

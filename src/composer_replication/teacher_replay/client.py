@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .backends.base import BILLED_UNKNOWN, TeacherError, make_backend
+from .backends.base import BILLED_UNKNOWN, TeacherError
+from .backends.factory import make_backend
 from .backends.openai_compat import OPENROUTER_BASE_URL
 from .cache import ResultCache
 from .keys import DEFAULT_KEY_ENV, resolve_api_key

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Backend, ChatRequest, ChatResponse, TeacherError, make_backend
+from .base import Backend, ChatRequest, ChatResponse, TeacherError
+from .factory import make_backend
 
 __all__ = ["Backend", "ChatRequest", "ChatResponse", "TeacherError", "make_backend"]

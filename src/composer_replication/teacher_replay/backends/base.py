@@ -1,4 +1,4 @@
-"""The backend protocol and the one dispatch on ``TeacherSpec["backend"]``."""
+"""The backend protocol and its request/response records (the dispatch on ``backend`` is `factory`)."""
 
 from __future__ import annotations
 
@@ -52,19 +52,3 @@ class Backend(Protocol):
     async def complete(self, request: ChatRequest) -> ChatResponse: ...
 
     async def aclose(self) -> None: ...
-
-
-def make_backend(spec: dict[str, Any], *, api_key: str | None, concurrency: int) -> Backend:
-    kind = spec.get("backend", "openai")
-    if kind == "openai":
-        from .openai_compat import OpenAICompatBackend
-
-        return OpenAICompatBackend(spec, api_key=api_key, concurrency=concurrency)
-    if kind == "transformers":
-        from .transformers_local import TransformersBackend
-
-        return TransformersBackend(spec)
-    raise ValueError(
-        f"teacher {spec.get('slug')!r}: unknown backend {kind!r}; use 'openai' (any OpenAI-compatible server) "
-        "or 'transformers' (in-process)"
-    )
