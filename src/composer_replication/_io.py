@@ -126,6 +126,8 @@ def read_jsonl(
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file (did the previous stage run?)")
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory; expected a JSONL file (one JSON object per line)")
     with open(path, "rb") as fh:
         lines = fh.read().split(b"\n")
     torn_tail = len(lines) > 0 and lines[-1] != b""

@@ -83,10 +83,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if code is not None:
             print(f"composer-replication {name}: stopped: {exc}", file=sys.stderr)
             return int(code)
-        if isinstance(exc, (ValueError, FileNotFoundError, ImportError, PermissionError)):
-            print(f"composer-replication {name}: error: {exc}", file=sys.stderr)
+        if isinstance(exc, _USER_ERRORS):
+            print(f"composer-replication {name}: error: {_one_line(exc)}", file=sys.stderr)
             return 1
         raise
+
+
+# Errors about the user's input (values, paths, missing extras): one line, no traceback.
+_USER_ERRORS = (
+    ValueError, FileNotFoundError, ImportError, PermissionError,
+    IsADirectoryError, NotADirectoryError, FileExistsError,
+)  # fmt: skip
+
+
+def _one_line(exc: BaseException) -> str:
+    """An OSError raised by the runtime reads "[Errno 21] Is a directory: 'x'"; say it plainly."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror.lower()}"
+    return str(exc)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication._io import atomic_write_json, read_jsonl
+from composer_replication.cli._types import non_negative_float, positive_float, positive_int
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,13 +35,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--base-url", help="send every teacher to this OpenAI-compatible server (vLLM, Ollama, ...)"
     )
-    p.add_argument("--max-usd", type=float, required=True, help="hard cap on recorded spend, in USD")
-    p.add_argument("--dry-run", action="store_true", help="price the run and exit without sending")
-    p.add_argument("--concurrency", type=int, default=16)
     p.add_argument(
-        "--max-tokens", type=int, default=1024, help="completion cap per call (bounds the worst case)"
+        "--max-usd", type=non_negative_float, required=True, help="hard cap on recorded spend, in USD"
     )
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    p.add_argument("--dry-run", action="store_true", help="price the run and exit without sending")
+    p.add_argument("--concurrency", type=positive_int, default=16)
+    p.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=1024,
+        help="completion cap per call (bounds the worst case)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=120.0,
+        help="seconds per attempt: one deadline for connecting, sending and reading the whole answer",
+    )
     p.add_argument("--stop-file", type=Path, help="stop cleanly (exit 3) once this file exists")
     p.add_argument("--no-progress", action="store_true")
 
@@ -56,6 +67,10 @@ def _parse_teacher(arg: str) -> dict[str, Any]:
             raise ValueError(
                 f"--teachers {arg!r}: prices must be IN:OUT in USD per million tokens, e.g. {slug}=1.25:10"
             ) from None
+        if not all(0 <= x < float("inf") for x in (pin, pout)):
+            raise ValueError(
+                f"--teachers {arg!r}: prices must be finite numbers >= 0 (USD per million tokens)"
+            )
         return {"slug": slug, "input_per_mtok": pin, "output_per_mtok": pout}
     for t in DEFAULT_TEACHERS:
         if t["slug"] == slug:
@@ -84,12 +99,26 @@ def load_teachers(args: argparse.Namespace) -> list[dict[str, Any]]:
     else:
         teachers = [dict(t) for t in DEFAULT_TEACHERS]
     if args.base_url:
+        from composer_replication.teacher_replay.backends.openai_compat import check_base_url
+
+        check_base_url(args.base_url, "--base-url")
         for t in teachers:
             t["base_url"] = args.base_url
     return teachers
 
 
 def run(args: argparse.Namespace) -> int:
+    from composer_replication._lock import directory_lock
+
+    if args.out.exists() and not args.out.is_dir():
+        raise NotADirectoryError(f"--out {args.out}: is a file; pass a directory for the replay outputs")
+    if args.dry_run:
+        return _run(args)
+    with directory_lock(args.out, "replay output directory"):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from composer_replication.teacher_replay.client import price_run, replay_states
 
     states = list(read_jsonl(args.states))
@@ -123,8 +152,15 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         "calls": len(rep.results), "cached": rep.n_cached, "sent": rep.n_sent, "errors": rep.n_errors,
         "errors_by_kind": rep.errors_by_kind, "spent_usd_this_run": rep.spent_usd,
-        "spent_usd_total": rep.prior_usd + rep.spent_usd, "max_usd": args.max_usd,
+        "spent_usd_total": rep.total_usd, "max_usd": args.max_usd, "overrun": rep.overrun,
     }  # fmt: skip
     atomic_write_json(args.out / "replay_summary.json", summary)
     print(json.dumps(summary, indent=2))
+    if rep.overrun:
+        from composer_replication.teacher_replay.ledger import SpendOverrun
+
+        raise SpendOverrun(
+            f"spend overrun: {ledger} books ${rep.total_usd:.6f} against the ${args.max_usd:.6f} cap; a provider "
+            "billed above the prices the reservations were made with (entries marked overrun). Check the teacher prices"
+        )
     return 0

@@ -3,9 +3,12 @@
 What is covered: each (state, teacher) call is sent at most once per successful result across runs
 (results append to a JSONL cache; a rerun sends only what is missing); the ledger reserves each
 call's worst case before sending, so the recorded spend never exceeds ``max_total_usd`` while
-providers bill at most the spec's prices (see ``ledger.py``); 408/429/5xx, timeouts and unreadable
-bodies are retried with exponential backoff and full jitter, honouring ``Retry-After``; a call that
-still fails becomes a result row with ``error`` set; ``stop()`` is polled before each send.
+providers bill at most the spec's prices, even with other processes sharing the ledger file (see
+``ledger.py``); no settle path books an amount below zero; 408/429/5xx, timeouts (one overall
+deadline per attempt) and unreadable bodies are retried with exponential backoff and full jitter,
+honouring ``Retry-After``; a call that still fails becomes a result row with ``error`` set; every
+known API key is scrubbed from the text of each row and ledger note before it is written or raised;
+``stop()`` is polled before each send.
 
 What is not covered: a crash between a server's response and the cache append re-sends that one call
 on rerun (the ledger books it in full both times); spend outside this ledger file.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +30,7 @@ from .backends.base import BILLED_UNKNOWN, TeacherError
 from .backends.factory import make_backend
 from .backends.openai_compat import OPENROUTER_BASE_URL
 from .cache import ResultCache
-from .keys import DEFAULT_KEY_ENV, resolve_api_key
+from .keys import DEFAULT_KEY_ENV, KeyScrubber, resolve_api_key
 from .ledger import SpendLedger
 from .plan import _Call, plan_calls, price_run
 from .prompt import (
@@ -64,15 +68,27 @@ class ReplayReport:
     n_errors: int = 0
     n_http_requests: int = 0
     spent_usd: float = 0.0  # booked by this run
-    prior_usd: float = 0.0  # booked by earlier runs sharing the ledger file
+    prior_usd: float = 0.0  # booked by earlier runs (and other processes) sharing the ledger file
     stopped: str | None = None
     errors_by_kind: dict[str, int] = field(default_factory=dict)
+    max_total_usd: float = 0.0
+    overrun: bool = False  # the ledger books more than the cap: a provider billed above its reservation
+
+    @property
+    def total_usd(self) -> float:
+        return self.prior_usd + self.spent_usd
 
 
 def _needs_key(spec: dict[str, Any]) -> bool:
     return spec.get("backend", "openai") == "openai" and spec.get("base_url", OPENROUTER_BASE_URL).startswith(
         OPENROUTER_BASE_URL
     )
+
+
+def _known_keys(teachers: Sequence[dict[str, Any]], api_key: str | None) -> KeyScrubber:
+    """Every key this process could send: the argument and each teacher's key variable (env, ./.env)."""
+    envs = {DEFAULT_KEY_ENV} | {t["api_key_env"] for t in teachers if t.get("api_key_env")}
+    return KeyScrubber([api_key, *(resolve_api_key(None, e) for e in sorted(envs))])
 
 
 def _backend_for(
@@ -89,6 +105,13 @@ def _backend_for(
     if ident not in backends:
         backends[ident] = make_backend(spec, api_key=key, concurrency=concurrency)
     return backends[ident]
+
+
+def _booked(usd: float, reserved: float) -> float:
+    """What a settle books for a reported amount: never below zero; not a number means unknown (in full)."""
+    if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not math.isfinite(usd):
+        return reserved
+    return max(0.0, float(usd))
 
 
 def _stop_error(reason: str) -> Exception:
@@ -136,6 +159,8 @@ async def replay_states(
     """
     if concurrency < 1 or max_tokens < 1:
         raise ValueError("concurrency and max_tokens must be >= 1")
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
     retry = retry or RetryPolicy()
     if kill_switch is not None and stop is None:
         stop = kill_switch.should_stop
@@ -143,8 +168,9 @@ async def replay_states(
     if ledger_path is None and cache_path is not None:
         ledger_path = Path(cache_path).with_name(Path(cache_path).stem + ".ledger.jsonl")
     cache = ResultCache(cache_path, fsync=fsync)
+    scrub = _known_keys([c.spec for c in calls], api_key)
     ledger = SpendLedger(max_total_usd, ledger_path, fsync=fsync)
-    report = ReplayReport(results=[], prior_usd=ledger.prior_usd)
+    report = ReplayReport(results=[], prior_usd=ledger.prior_usd, max_total_usd=ledger.max_total_usd)
     results: dict[str, TeacherCallResult] = {}
     todo: list[_Call] = []
     for c in calls:
@@ -209,9 +235,11 @@ async def replay_states(
                     except TeacherError as exc:
                         latency = time.perf_counter() - t0
                         if exc.cost_usd is not None:
-                            await ledger.settle(res, exc.cost_usd, note="error")
+                            await ledger.settle(res, _booked(exc.cost_usd, res.usd), note="error")
                         elif exc.billed == BILLED_UNKNOWN:
-                            await ledger.settle(res, res.usd, note=f"outcome unknown: {exc}")
+                            await ledger.settle(
+                                res, res.usd, note=f"outcome unknown: {scrub(str(exc))[:300]}"
+                            )
                         else:
                             await ledger.release(res)
                         if exc.fatal:
@@ -228,19 +256,24 @@ async def replay_states(
                         cost = resp.cost_usd
                         if cost is None:
                             cost = cost_from_tokens(resp.prompt_tokens, resp.completion_tokens, call.spec)
-                        await ledger.settle(res, max(0.0, cost))
+                        cost = _booked(cost, res.usd)
+                        await ledger.settle(res, cost)
                         if kill_switch is not None:
                             kill_switch.observe(spend_usd=ledger.spent_usd)
                         row = _row(
-                            call, response_text=resp.text, latency_s=round(latency, 4), prompt_tokens=resp.prompt_tokens,
-                            completion_tokens=resp.completion_tokens, cost_usd=max(0.0, cost),
+                            call, response_text=scrub(resp.text), latency_s=round(latency, 4), prompt_tokens=resp.prompt_tokens,
+                            completion_tokens=resp.completion_tokens, cost_usd=cost,
                         )  # fmt: skip
                         cache.put(call.key, call.phash, row)
                         await cache.sync()
                         return row
                 attempt += 1
                 if not err.retryable or attempt >= retry.max_attempts or err.fatal:
-                    row = _row(call, latency_s=round(latency, 4), error=f"{err} (after {attempt} attempt(s))")
+                    row = _row(
+                        call,
+                        latency_s=round(latency, 4),
+                        error=f"{scrub(str(err))} (after {attempt} attempt(s))",
+                    )
                     cache.put(call.key, call.phash, row)
                     await cache.sync()
                     return row
@@ -261,6 +294,7 @@ async def replay_states(
         finally:
             if bar is not None:
                 bar.close()
+        ledger.refresh()  # what other processes sharing the file booked meanwhile, for the totals
     finally:
         for b in backends.values():
             await b.aclose()
@@ -269,6 +303,8 @@ async def replay_states(
 
     report.results = [results[c.key] for c in calls]
     report.spent_usd = ledger.settled_usd
+    report.prior_usd = ledger.prior_usd
+    report.overrun = ledger.over_cap
     for r in report.results:
         if r["error"] is not None:
             report.n_errors += 1

@@ -4,6 +4,14 @@ It answers ``POST /v1/chat/completions`` like OpenRouter: ``usage`` with ``cost`
 ``{"error": {"code", "message", "metadata"}}``, 429 with ``Retry-After``, 5xx, error bodies with
 status 200, unreadable bodies, slow answers. Each request is scripted by ``script(info) -> Reply``;
 requests are counted per key ``(model, last user message)`` so tests can prove nothing is re-sent.
+
+Hostile behaviours, for the adversarial tests: any ``cost`` (negative, a string) in 200 and error
+bodies (``Reply.cost``); ``usage`` fields replaced by anything (``Reply.usage``); the request's
+``Authorization`` header and body echoed into the error message or the completion (``Reply.echo``);
+the response written one byte every ``Reply.drip_s`` seconds, headers included or body only
+(``Reply.drip``); a completion of ``Reply.huge_bytes`` bytes streamed chunked, with no
+``Content-Length`` to refuse it by.
+
 Binds 127.0.0.1 only. Run standalone: ``python -m composer_replication.teacher_replay.fake_server``.
 """
 
@@ -22,15 +30,20 @@ from typing import Any
 
 @dataclass
 class Reply:
-    """What to answer. ``kind``: ok | http_error | error_200 | malformed | hang."""
+    """What to answer. ``kind``: ok | http_error | error_200 | text_error (a non-JSON error page) | malformed | hang."""
 
     kind: str = "ok"
     status: int = 200
     text: str | None = None  # ok: the content (default: the responder's)
     retry_after: str | None = None
     delay_s: float = 0.0  # on top of the server's latency
-    cost: float | None | str = "auto"  # ok: "auto" = tokens x price; None = omit usage.cost
+    cost: Any = "auto"  # ok: "auto" = tokens x price; None = omit usage.cost; errors: put in usage.cost
     completion_tokens: int | None = None
+    usage: dict[str, Any] | None = None  # ok: merged over the computed usage (e.g. prompt_tokens="lots")
+    echo: bool = False  # put the Authorization header and the request body in the message / completion
+    drip_s: float = 0.0  # > 0: write the response one byte at a time, this many seconds apart
+    drip: str = "all"  # "all": status line and headers dripped too; "body": headers at once, then the body
+    huge_bytes: int = 0  # ok: a completion of this many bytes, sent chunked without Content-Length
 
 
 @dataclass
@@ -40,6 +53,16 @@ class RequestInfo:
     n: int  # 1-based count of requests with this key, including this one
     body: dict[str, Any]
     authorization: str | None
+
+
+def sample_states(n: int, prefix: str = "s") -> list[dict[str, Any]]:
+    """``n`` small ``TraceState`` dicts (for tests and demos against this server)."""
+    return [
+        {"state_id": f"{prefix}{i}", "student_action": '[TOOL_USE] name=Bash input={"command": "ls"}',
+         "messages": [{"role": "system", "content": "You are a coding agent."},
+                      {"role": "user", "content": f"task {prefix}{i}: fix the failing test"}]}
+        for i in range(n)
+    ]  # fmt: skip
 
 
 def _default_responder(model: str, messages: list[dict[str, Any]]) -> str:
@@ -110,8 +133,23 @@ class FakeOpenRouter:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def teachers(
+        self, slugs: tuple[str, ...] = ("t/a",), price: tuple[float, float] = (1.0, 4.0), **extra: Any
+    ) -> list[dict[str, Any]]:
+        """``TeacherSpec`` dicts pointing at this server, billed here at ``price`` ($/Mtok in, out)."""
+        for s in slugs:
+            self.prices[s] = price
+        return [{"slug": s, "input_per_mtok": price[0], "output_per_mtok": price[1], "base_url": self.base_url, **extra}
+                for s in slugs]  # fmt: skip
+
     # -- behaviour -------------------------------------------------------------------------------
     def handle(self, body: dict[str, Any], auth: str | None) -> tuple[int, dict[str, str], bytes, float]:
+        """(status, headers, body bytes, delay s) of the answer to one request."""
+        return self._respond(body, auth)[:4]
+
+    def _respond(
+        self, body: dict[str, Any], auth: str | None
+    ) -> tuple[int, dict[str, str], bytes, float, Reply]:
         messages = body.get("messages") or []
         last_user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
         key = (str(body.get("model")), str(last_user))
@@ -122,25 +160,28 @@ class FakeOpenRouter:
             if auth:
                 self.seen_auth.add(auth)
         if self.required_key is not None and auth != f"Bearer {self.required_key}":
-            return (*_err(401, "missing or wrong API key"), self.latency_s)
+            return (*_err(401, "missing or wrong API key"), self.latency_s, Reply())
         info = RequestInfo(model=key[0], key=key, n=n, body=body, authorization=auth)
         reply = self.script(info) if self.script else Reply()
         delay = self.latency_s + reply.delay_s
         if reply.kind == "hang":
-            return 200, {}, b"{}", delay + 3600.0
+            return 200, {}, b"{}", delay + 3600.0, reply
         if reply.kind == "malformed":
-            return 200, {}, b'{"id": "gen-1", "choices": [{"message": {"content": "trunc', delay
-        if reply.kind == "http_error":
-            status, headers, payload = _err(reply.status, f"scripted {reply.status}")
+            return 200, {}, b'{"id": "gen-1", "choices": [{"message": {"content": "trunc', delay, reply
+        echo = f" (request: {auth} {json.dumps(body)})" if reply.echo else ""
+        if reply.kind == "text_error":
+            return reply.status, {}, f"<html>{reply.status} scripted{echo}</html>".encode(), delay, reply
+        if reply.kind in ("http_error", "error_200"):
+            code = reply.status if reply.kind == "http_error" or reply.status != 200 else 502
+            msg = (f"scripted {code}" if reply.kind == "http_error" else "provider returned error") + echo
+            cost = None if reply.cost == "auto" else reply.cost
+            _, headers, payload = _err(code, msg, cost=cost, with_cost=reply.cost != "auto")
             if reply.retry_after is not None:
                 headers["Retry-After"] = reply.retry_after
-            return status, headers, payload, delay
-        if reply.kind == "error_200":
-            _, headers, payload = _err(
-                reply.status if reply.status != 200 else 502, "provider returned error"
-            )
-            return 200, headers, payload, delay
+            return (code if reply.kind == "http_error" else 200), headers, payload, delay, reply
         text = reply.text if reply.text is not None else self.responder(key[0], messages)
+        text += "a" * reply.huge_bytes
+        text += echo
         max_tokens = int(body.get("max_tokens") or 1 << 30)
         pt = sum(math.ceil(len(str(m.get("content", "")).encode()) / 4) + 4 for m in messages)
         ct = reply.completion_tokens if reply.completion_tokens is not None else len(text.encode()) // 4 + 1
@@ -150,8 +191,10 @@ class FakeOpenRouter:
         cost = (pt * pin + ct * pout) / 1e6 if reply.cost == "auto" else reply.cost
         if cost is not None:
             usage["cost"] = cost
-            with self._lock:
-                self.billed_usd += float(cost)
+            if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+                with self._lock:
+                    self.billed_usd += float(cost)
+        usage.update(reply.usage or {})
         payload = {
             "id": f"gen-{self.n_requests}",
             "model": key[0],
@@ -160,14 +203,18 @@ class FakeOpenRouter:
             ],
             "usage": usage,
         }
-        return 200, {}, json.dumps(payload).encode(), delay
+        return 200, {}, json.dumps(payload).encode(), delay, reply
 
 
-def _err(status: int, message: str) -> tuple[int, dict[str, str], bytes]:
+def _err(
+    status: int, message: str, *, cost: Any = None, with_cost: bool = False
+) -> tuple[int, dict[str, str], bytes]:
     etype = {429: "rate_limit_exceeded", 402: "insufficient_credits", 400: "invalid_request"}.get(
         status, "provider_error"
     )
-    body = {"error": {"code": status, "message": message, "metadata": {"error_type": etype}}}
+    body: dict[str, Any] = {"error": {"code": status, "message": message, "metadata": {"error_type": etype}}}
+    if with_cost:
+        body["usage"] = {"cost": cost}
     return status, {}, json.dumps(body).encode()
 
 
@@ -192,11 +239,21 @@ async def _serve(app: FakeOpenRouter, port: int, ready: threading.Event, box: di
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            status, headers, payload, delay = *_err(400, "request body is not JSON"), 0.0
+            status, headers, payload, delay, reply = *_err(400, "request body is not JSON"), 0.0, Reply()
         else:
-            status, headers, payload, delay = app.handle(body, request.headers.get("Authorization"))
+            status, headers, payload, delay, reply = app._respond(body, request.headers.get("Authorization"))
         if delay > 0:
             await asyncio.sleep(max(0.0, arrived + delay - loop.time()))
+        if reply.drip_s > 0:
+            return await _drip(request, status, headers, payload, reply)
+        if reply.huge_bytes:
+            resp = web.StreamResponse(status=status, headers={**headers, "Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            for i in range(0, len(payload), 1 << 16):
+                await resp.write(payload[i : i + (1 << 16)])
+            await resp.write_eof()
+            return resp
         return web.Response(status=status, body=payload, headers=headers, content_type="application/json")
 
     web_app = web.Application(client_max_size=64 << 20)
@@ -213,6 +270,25 @@ async def _serve(app: FakeOpenRouter, port: int, ready: threading.Event, box: di
         await box["stop"].wait()
     finally:
         await runner.cleanup()
+
+
+async def _drip(request: Any, status: int, headers: dict[str, str], payload: bytes, reply: Reply) -> Any:
+    """Write the raw HTTP response a byte at a time (a slowloris in reverse), then close the connection."""
+    head = f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "Connection: close\r\n\r\n"
+    transport = request.transport
+    if reply.drip == "body":
+        transport.write(head.encode())
+        data = payload
+    else:
+        data = head.encode() + payload
+    for i in range(len(data)):
+        if transport.is_closing():
+            break
+        transport.write(data[i : i + 1])
+        await asyncio.sleep(reply.drip_s)
+    transport.close()
+    raise asyncio.CancelledError  # the response was written by hand; aiohttp must not write another
 
 
 def main() -> None:

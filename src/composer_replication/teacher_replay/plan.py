@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,23 @@ def _validate_states(states: Sequence[TraceState]) -> list[dict[str, Any]]:
     return out
 
 
+def _validate_spec(spec: TeacherSpec) -> None:
+    """Prices are finite numbers >= 0 (the worst case is built on them); an HTTP teacher's URL is http(s)."""
+    for k in ("slug", "input_per_mtok", "output_per_mtok"):
+        if k not in spec:
+            raise ValueError(f"teacher spec {spec!r}: missing {k!r}")
+    for k in ("input_per_mtok", "output_per_mtok"):
+        v = spec[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < math.inf):
+            raise ValueError(
+                f"teacher {spec['slug']!r}: {k} is {v!r}; a price must be a finite number >= 0 (USD per million tokens)"
+            )
+    if spec.get("backend", "openai") == "openai" and "base_url" in spec:
+        from .backends.openai_compat import check_base_url
+
+        check_base_url(spec["base_url"], f"teacher {spec['slug']!r}: base_url")
+
+
 def plan_calls(
     states: Sequence[TraceState],
     teachers: Sequence[TeacherSpec],
@@ -65,15 +83,14 @@ def plan_calls(
     slugs = [t.get("slug") for t in teachers]
     if len(set(slugs)) != len(slugs):
         raise ValueError(f"teacher slugs must be unique, got {slugs}")
+    for spec in teachers:
+        _validate_spec(spec)
     calls = []
     for state in _validate_states(states):
         messages = build_messages(state)
         bound = prompt_token_bound(messages)
         est = prompt_token_estimate(messages)
         for spec in teachers:
-            for k in ("slug", "input_per_mtok", "output_per_mtok"):
-                if k not in spec:
-                    raise ValueError(f"teacher spec {spec!r}: missing {k!r}")
             req = ChatRequest(
                 model=spec.get("model", spec["slug"]),
                 messages=messages,

@@ -3,18 +3,28 @@
 What is covered: one non-streaming POST per call with ``max_tokens`` always set (the ledger's worst
 case depends on it); OpenRouter's ``usage.cost`` read as the billed amount; error bodies recognised
 whether they come with an error status or with HTTP 200; ``Retry-After`` passed to the retry loop.
+Against a hostile or broken server: each attempt has one overall deadline (``timeout_s``, headers and
+body together, however slowly they drip); a body above :func:`max_body_bytes` is refused unread; a
+``usage`` whose counts or cost are not numbers >= 0 is a malformed response (booked in full, not
+retried, not cached); no server-reported amount is ever a credit; the API key is scrubbed from every
+text taken from a response (completion, error message) before it leaves this module.
 
 What is not covered: streaming, tool-calling via the ``tools`` field (teachers answer in the agent's
-text action format instead, which every server supports), reading live prices.
+text action format instead, which every server supports), reading live prices, a key the server
+echoes in a transformed form (base64, split).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
+from ..keys import KeyScrubber
 from .base import BILLED_NOTHING, BILLED_UNKNOWN, ChatRequest, ChatResponse, TeacherError
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
@@ -49,42 +59,146 @@ def _retry_after(headers: Any) -> float | None:
             return None
 
 
-def _error_from_body(body: dict[str, Any], status: int) -> TeacherError:
+def max_body_bytes(max_tokens: int) -> int:
+    """The largest response body read for a call with ``max_tokens``: 1 MiB plus 64 bytes per token.
+
+    A real answer is a few bytes per token plus a little JSON; anything far larger (a 10 MB
+    "completion" for ``max_tokens=256``) is not an answer to this request and is refused unread.
+    """
+    return (1 << 20) + 64 * max_tokens
+
+
+def _number(v: Any) -> float | None:
+    """``v`` if it is a finite JSON number >= 0 (bools are not numbers), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        return None
+    return float(v)
+
+
+def _tokens(usage: dict[str, Any], name: str, scrub: KeyScrubber) -> int | None:
+    """A token count: a non-negative integer (or None if absent); anything else is malformed usage."""
+    if name not in usage or usage[name] is None:
+        return None
+    v = _number(usage[name])
+    if v is None or v != int(v) or v > 2**53:
+        raise _malformed(f"usage.{name} is {_show(usage[name], scrub)} (expected an integer >= 0)")
+    return int(v)
+
+
+def _show(v: Any, scrub: KeyScrubber, limit: int = 80) -> str:
+    """A server-supplied value for an error message: keys scrubbed first, then shortened."""
+    text = scrub(repr(v))
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _malformed(what: str) -> TeacherError:
+    # The call reached the server and may have been billed: book it in full, do not retry or cache it.
+    return TeacherError(f"malformed response: {what}", retryable=False, billed=BILLED_UNKNOWN)
+
+
+def _error_from_body(body: dict[str, Any], status: int, scrub: KeyScrubber) -> TeacherError:
     err = body.get("error")
     if not isinstance(err, dict):
         err = {"message": str(err)}
     code = err.get("code")
     try:
         code = int(code)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         code = status
     meta = err.get("metadata") if isinstance(err.get("metadata"), dict) else {}
     etype = meta.get("error_type", "")
     msg = (
         f"HTTP {status}"
         + (f" error {code}" if code != status else "")
-        + f": {str(err.get('message', ''))[:300]}"
+        + f": {scrub(str(err.get('message', '')))[:300]}"
     )
     retryable = code in RETRYABLE_STATUS or etype in ("rate_limit_exceeded", "timeout")
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    cost = usage.get("cost")
-    return TeacherError(
-        msg,
-        retryable=retryable,
-        billed=BILLED_NOTHING,
-        cost_usd=float(cost) if isinstance(cost, (int, float)) else None,
-        fatal=code == 402,
+    billed, cost = BILLED_NOTHING, None
+    if usage.get("cost") is not None:
+        cost = _number(usage["cost"])
+        if cost is None:  # negative, a string, ...: never a credit; the charge is unknown
+            billed = BILLED_UNKNOWN
+            msg += f" (with a malformed usage.cost {_show(usage['cost'], scrub)})"
+    return TeacherError(msg, retryable=retryable, billed=billed, cost_usd=cost, fatal=code == 402)
+
+
+def parse_response(status: int, headers: Any, raw: bytes, scrub: KeyScrubber = KeyScrubber()) -> ChatResponse:
+    """A chat-completions HTTP response as a ``ChatResponse``, or the ``TeacherError`` it amounts to.
+
+    Every text taken from the body passes through ``scrub`` (the known API keys) before it is
+    returned or put in an error message.
+    """
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    if status != 200:
+        if isinstance(body, dict) and "error" in body:
+            err = _error_from_body(body, status, scrub)
+        else:
+            text = scrub(raw.decode("utf-8", "replace"))
+            err = TeacherError(
+                f"HTTP {status}: {text[:200]!r}", retryable=status in RETRYABLE_STATUS, fatal=status == 402
+            )
+        err.retry_after_s = _retry_after(headers)
+        raise err
+    if not isinstance(body, dict):
+        # A 200 we cannot read may still have been generated and billed.
+        raise TeacherError("HTTP 200 with a body that is not JSON", retryable=True, billed=BILLED_UNKNOWN)
+    if "error" in body and body["error"]:
+        raise _error_from_body(body, 200, scrub)
+    try:
+        choice = body["choices"][0]
+        text = choice["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise TeacherError(
+            "HTTP 200 without choices[0].message.content", retryable=True, billed=BILLED_UNKNOWN
+        ) from None
+    if isinstance(choice, dict) and choice.get("finish_reason") == "error":
+        raise TeacherError("provider error (finish_reason=error)", retryable=True, billed=BILLED_UNKNOWN)
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        raise _malformed("HTTP 200 without a usage object")
+    pt, ct = _tokens(usage, "prompt_tokens", scrub), _tokens(usage, "completion_tokens", scrub)
+    cost = None
+    if usage.get("cost") is not None:
+        cost = _number(usage["cost"])
+        if cost is None:
+            raise _malformed(f"usage.cost is {_show(usage['cost'], scrub)} (expected a number >= 0)")
+    elif pt is None or ct is None:
+        raise _malformed("usage has neither cost nor both token counts")
+    return ChatResponse(
+        text=scrub(text if isinstance(text, str) else json.dumps(text)),
+        prompt_tokens=pt or 0,
+        completion_tokens=ct or 0,
+        cost_usd=cost,
     )
+
+
+def check_base_url(url: str, who: str = "base_url") -> str:
+    """``url`` without a trailing slash if it is an ``http(s)://host...`` URL; ``ValueError`` otherwise."""
+    parts = urlsplit(str(url))
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(
+            f"{who} {url!r}: expected an http:// or https:// server root such as http://127.0.0.1:8000/v1 "
+            "(other schemes, file:// included, are refused)"
+        )
+    return str(url).rstrip("/")
 
 
 class OpenAICompatBackend:
     def __init__(self, spec: dict[str, Any], *, api_key: str | None, concurrency: int) -> None:
         httpx = _import_httpx()
         self._httpx = httpx
-        self.base_url = spec.get("base_url", OPENROUTER_BASE_URL).rstrip("/")
+        self.base_url = check_base_url(
+            spec.get("base_url", OPENROUTER_BASE_URL), f"teacher {spec.get('slug')!r}: base_url"
+        )
         self.is_openrouter = self.base_url.startswith(OPENROUTER_BASE_URL)
         self._url = httpx.URL(f"{self.base_url}/chat/completions")  # parsed once, not per request
-        headers = {"Content-Type": "application/json"}
+        self._scrub = KeyScrubber([api_key])
+        # identity: a body we read is bounded by bytes on the wire, never by a decompressor's output
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         if self.is_openrouter:
@@ -131,19 +245,48 @@ class OpenAICompatBackend:
             t = self._timeouts[seconds] = self._httpx.Timeout(seconds)
         return t
 
+    async def _exchange(self, client: Any, req: ChatRequest, limit: int) -> tuple[int, Any, bytes]:
+        """POST and read the whole body, refusing one longer than ``limit`` bytes."""
+        request = client.build_request(
+            "POST", self._url, content=orjson.dumps(self._body(req)), timeout=self._timeout(req.timeout_s)
+        )
+        resp = await client.send(request, stream=True)
+        try:
+            if resp.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
+                raise _malformed(
+                    f"Content-Encoding {resp.headers['content-encoding']!r} though identity was asked"
+                )
+            declared = resp.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise _too_large(int(declared), limit, req.max_tokens)
+            chunks, n = [], 0
+            async for chunk in resp.aiter_raw():
+                n += len(chunk)
+                if n > limit:
+                    raise _too_large(n, limit, req.max_tokens)
+                chunks.append(chunk)
+        finally:
+            await resp.aclose()
+        return resp.status_code, resp.headers, b"".join(chunks)
+
     async def complete(self, req: ChatRequest) -> ChatResponse:
         httpx = self._httpx
         shard = min(range(len(self._clients)), key=self._busy.__getitem__)
         self._busy[shard] += 1
         try:
-            resp = await self._clients[shard].post(
-                self._url, content=orjson.dumps(self._body(req)), timeout=self._timeout(req.timeout_s)
-            )
-        except httpx.ConnectError as exc:
-            raise TeacherError(f"connect error: {exc}", retryable=True, billed=BILLED_NOTHING) from None
-        except httpx.TimeoutException:
+            # One deadline for the whole attempt: httpx's timeouts are per read, so a server that
+            # drip-feeds a byte at a time would otherwise keep a request alive indefinitely.
+            async with asyncio.timeout(req.timeout_s):
+                status, headers, raw = await self._exchange(
+                    self._clients[shard], req, max_body_bytes(req.max_tokens)
+                )
+        except (TimeoutError, httpx.TimeoutException):
             raise TeacherError(
-                f"timeout after {req.timeout_s}s", retryable=True, billed=BILLED_UNKNOWN
+                f"timeout: no complete answer within {req.timeout_s}s", retryable=True, billed=BILLED_UNKNOWN
+            ) from None
+        except httpx.ConnectError as exc:
+            raise TeacherError(
+                f"connect error: {self._scrub(str(exc))}", retryable=True, billed=BILLED_NOTHING
             ) from None
         except httpx.TransportError as exc:
             raise TeacherError(
@@ -151,47 +294,12 @@ class OpenAICompatBackend:
             ) from None
         finally:
             self._busy[shard] -= 1
-        try:
-            body = orjson.loads(resp.content)
-        except orjson.JSONDecodeError:
-            body = None
-        if resp.status_code != 200:
-            retry_after = _retry_after(resp.headers)
-            if isinstance(body, dict) and "error" in body:
-                err = _error_from_body(body, resp.status_code)
-            else:
-                err = TeacherError(
-                    f"HTTP {resp.status_code}: {resp.text[:200]!r}",
-                    retryable=resp.status_code in RETRYABLE_STATUS,
-                    fatal=resp.status_code == 402,
-                )
-            err.retry_after_s = retry_after
-            raise err
-        if not isinstance(body, dict):
-            # A 200 we cannot read may still have been generated and billed.
-            raise TeacherError("HTTP 200 with a body that is not JSON", retryable=True, billed=BILLED_UNKNOWN)
-        if "error" in body and body["error"]:
-            raise _error_from_body(body, 200)
-        try:
-            choice = body["choices"][0]
-            text = choice["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            raise TeacherError(
-                "HTTP 200 without choices[0].message.content", retryable=True, billed=BILLED_UNKNOWN
-            ) from None
-        if choice.get("finish_reason") == "error":
-            raise TeacherError("provider error (finish_reason=error)", retryable=True, billed=BILLED_UNKNOWN)
-        usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
-        if usage is None:
-            raise TeacherError("HTTP 200 without usage", retryable=False, billed=BILLED_UNKNOWN)
-        cost = usage.get("cost")
-        return ChatResponse(
-            text=text if isinstance(text, str) else json.dumps(text),
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            cost_usd=float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else None,
-        )
+        return parse_response(status, headers, raw, self._scrub)
 
     async def aclose(self) -> None:
         for c in self._clients:
             await c.aclose()
+
+
+def _too_large(n: int, limit: int, max_tokens: int) -> TeacherError:
+    return _malformed(f"response body above {limit} bytes ({n}+ bytes for max_tokens={max_tokens})")
