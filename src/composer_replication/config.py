@@ -219,11 +219,19 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """``data["a"]["b"]["c"] = value`` for ``"a.b.c"``, creating sections; ``ValueError`` when a part
+    on the way (``a.b``) already holds a value rather than a section."""
     node = data
     *parents, leaf = dotted.split(".")
-    for key in parents:
+    for i, key in enumerate(parents):
         node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            where = ".".join(parents[: i + 1])
+            raise ConfigError(
+                f"{dotted}: {where} is a value ({node!r}), not a section, so it has no field "
+                f"{(parents + [leaf])[i + 1]!r}; set {where}=VALUE instead"
+            )
     node[leaf] = value
 
 
@@ -262,5 +270,5 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
         raise FileNotFoundError(f"config file not found: {path}")
     data = read_config_file(path)
     for dotted, value in (overrides or {}).items():
-        _set_dotted(data, dotted, value)
+        set_dotted(data, dotted, value)
     return build_config(data, source=str(path), base_dir=path.parent.resolve())

@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     from composer_replication.pipeline import demo_config, run_pipeline
 
     t0 = time.time()
-    report = run_pipeline(demo_config(fast=args.fast), args.out, force=args.force)
+    origin = "composer-replication demo" + (" --fast" if args.fast else "")
+    report = run_pipeline(demo_config(fast=args.fast), args.out, force=args.force, origin=origin)
     print(f"demo finished in {time.time() - t0:.0f}s")
     print(f"report: {report}")
     print(f"status: composer-replication status {args.out}")

@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from composer_replication.cli._types import non_negative_int, positive_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -39,13 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-history-tokens",
-        type=int,
+        type=non_negative_int,
         default=None,
         help="drop the oldest turns of each state's history beyond this many (estimated) tokens",
     )
     parser.add_argument(
         "--example-max-tokens",
-        type=int,
+        type=positive_int,
         default=8192,
         help="size cap of one traces.jsonl example (estimated tokens)",
     )

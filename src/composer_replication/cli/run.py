@@ -11,19 +11,29 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
+
+from composer_replication.cli._types import non_negative_float
+
+TAKE_OVER = "<take-over>"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="run config (YAML or JSON); see docs/configuration.md and examples/")
     p.add_argument("--out", help="run directory (overrides `run_dir` in the config)")
-    p.add_argument("--max-usd", type=float, help="override replay.max_total_usd (the hard spend cap)")
+    p.add_argument(
+        "--max-usd", type=non_negative_float, help="override replay.max_total_usd (the hard spend cap)"
+    )
     p.add_argument(
         "--force",
         action="append",
         default=[],
+        nargs="?",
+        const=TAKE_OVER,
         metavar="STAGE",
-        help="re-run this stage even if current (repeatable)",
+        help="re-run this stage even if current (repeatable); without STAGE: take over a run directory "
+        "that was created by another config file",
     )
     p.add_argument("--until", metavar="STAGE", help="stop after this stage")
     p.add_argument(
@@ -58,14 +68,19 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from composer_replication.pipeline import load_run_config, run_pipeline
 
+    if Path(args.config).is_dir():
+        raise IsADirectoryError(f"{args.config}: is a directory; pass the run config file (YAML or JSON)")
     cfg = load_run_config(args.config, _overrides(args))
     run_dir = args.out or cfg.run_dir
     if not run_dir:
         raise ValueError(f"{args.config}: no run directory; set `run_dir` in the config or pass --out DIR")
+    origin = str(Path(args.config).resolve())
+    take_over = TAKE_OVER in args.force
+    force = [f for f in args.force if f != TAKE_OVER]
     if args.dry_run:
         from composer_replication.pipeline.stages import price_replay
 
-        price = price_replay(cfg, run_dir)
+        price = price_replay(cfg, run_dir, origin=origin, take_over=take_over)
         print(
             f"replay would send {price['calls_to_send']} calls ({price['calls_cached']} already cached) "
             f"for {price['states']} states: expected ${price['expected_usd']:.4f}, worst case "
@@ -76,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
                 f"  {slug:<32} {t['calls']:>5} calls  expected ${t['expected_usd']:.4f}  worst ${t['worst_usd']:.4f}"
             )
         return 0
-    report = run_pipeline(cfg, run_dir, force=args.force, until=args.until)
+    report = run_pipeline(cfg, run_dir, force=force, until=args.until, origin=origin, take_over=take_over)
     if report is not None:
         print(f"report: {report}")
     return 0

@@ -1,16 +1,47 @@
-"""Check a training config without loading a model: unknown keys, bounds, the PO menu, data files."""
+"""Check a config file without loading a model: unknown keys, bounds, the PO menu, data files.
+
+Accepts both kinds: a training config (`composer-replication train`) and a run config
+(`composer-replication run`). The kind is told by the top-level keys: a run config has sections a
+training config does not (`sources`, `replay`, `student`, `train`, ...).
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="training config file (.yaml, .toml or .json)")
+    p.add_argument("config", help="training config or run config (.yaml, .toml or .json)")
     p.add_argument("--show", action="store_true", help="print the validated config with all defaults")
 
 
+def config_kind(path: str | Path) -> str:
+    """``"run"`` or ``"train"``: which kind of config ``path`` holds (by its top-level keys)."""
+    from composer_replication.config import TrainConfig, _read
+    from composer_replication.pipeline.config import RunConfig
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such config file" + (" (it is a directory)" if p.is_dir() else ""))
+    run_only = set(RunConfig.model_fields) - set(TrainConfig.model_fields)  # sources, replay, train, ...
+    return "run" if run_only & set(_read(p)) else "train"
+
+
 def run(args: argparse.Namespace) -> int:
+    if config_kind(args.config) == "run":
+        from composer_replication.pipeline.config import load_run_config
+
+        rc = load_run_config(args.config)
+        if args.show:
+            print(rc.model_dump_json(indent=2))
+        else:
+            teachers = len(rc.replay.teachers) or "the 3 default"
+            print(
+                f"{args.config}: ok (run config: student={rc.student.name}, {teachers} teachers, "
+                f"cap ${rc.replay.max_total_usd:.2f}, grpo={'on' if rc.grpo.enabled else 'off'})"
+            )
+        return 0
     from composer_replication.config import load_config
 
     cfg = load_config(args.config)

@@ -19,7 +19,7 @@ _EXPORTS = {
     "RunContext": "runner",
     "build_stages": "stages",
     "run_pipeline": "stages",
-    "demo_config": "stages",
+    "demo_config": "config",
     "run_status": "status",
     "format_status": "status",
     "write_report": "report",

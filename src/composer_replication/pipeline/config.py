@@ -65,9 +65,12 @@ class TeacherConfig(_Section):
     input_per_mtok: float = Field(
         0.0,
         ge=0.0,
+        allow_inf_nan=False,
         description="USD per million prompt tokens (the ledger reserves the worst case with it; the provider's billed cost is recorded when reported).",
     )
-    output_per_mtok: float = Field(0.0, ge=0.0, description="USD per million completion tokens.")
+    output_per_mtok: float = Field(
+        0.0, ge=0.0, allow_inf_nan=False, description="USD per million completion tokens."
+    )
     backend: Literal["openai", "transformers"] = Field(
         "openai",
         description="`openai`: any OpenAI-compatible chat-completions server (OpenRouter by default, vLLM, Ollama, llama.cpp). `transformers`: an in-process Hugging Face model (offline).",
@@ -94,6 +97,15 @@ class TeacherConfig(_Section):
         description="`openai` only: extra JSON fields merged into each request, e.g. `{reasoning: {effort: low}}`.",
     )
 
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            from composer_replication.teacher_replay.backends.openai_compat import check_base_url
+
+            check_base_url(v, "base_url")
+        return v
+
     @model_validator(mode="after")
     def _backend_fields(self) -> TeacherConfig:
         if self.backend == "transformers" and not self.model_path:
@@ -113,6 +125,7 @@ class ReplayConfig(_Section):
     max_total_usd: float = Field(
         5.0,
         ge=0.0,
+        allow_inf_nan=False,
         description="Hard cap on the total spend of this run's replay, summed over reruns (the ledger persists).",
     )
     states: Literal["error_sites", "all"] = Field(
@@ -272,8 +285,13 @@ def load_run_config(path: str | os.PathLike[str], overrides: dict[str, Any] | No
         raise ValueError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    from composer_replication.config import set_dotted
+
     for key, value in (overrides or {}).items():
-        _set_dotted(raw, key, value)
+        try:
+            set_dotted(raw, key, value)
+        except ValueError as exc:
+            raise ValueError(f"{path}: override {exc}") from None
     base = path.resolve().parent
     src = raw.get("sources") or {}
     if isinstance(src, dict) and isinstance(src.get("paths"), list):
@@ -298,8 +316,23 @@ def _resolve(base: Path, p: str) -> str:
     return str(q if q.is_absolute() else (base / q).resolve())
 
 
-def _set_dotted(d: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    for part in parents:
-        d = d.setdefault(part, {})
-    d[last] = value
+def demo_config(*, fast: bool = False) -> RunConfig:
+    """The bundled demo: example sessions, SmolLM2 student (``fast``: tiny models), in-process teachers."""
+    from importlib import resources
+
+    data = resources.files("composer_replication") / "data"
+    cfg = load_run_config(Path(str(data / "demo.yaml")))
+    if fast:
+        fast_over = json.loads((data / "demo_fast.json").read_text())
+        merged = cfg.model_dump(mode="json")
+        _deep_update(merged, fast_over)
+        cfg = RunConfig.model_validate(merged)
+    return cfg
+
+
+def _deep_update(d: dict[str, Any], u: dict[str, Any]) -> None:
+    for k, v in u.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            _deep_update(d[k], v)
+        else:
+            d[k] = v

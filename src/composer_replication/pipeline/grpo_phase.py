@@ -77,8 +77,14 @@ def train_grpo_on_tasks(
         train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=callbacks,
         alpha_sdpo=0.0, beta_replay=0.0, composer_kl_coef=g.composer_kl_coef,
     )  # fmt: skip
-    ckpts = list((out_dir / "checkpoints").glob("checkpoint-*"))
-    trainer.train(resume_from_checkpoint=bool(resume and ckpts) or None)
+    latest = _newest_checkpoint(out_dir / "checkpoints") if resume else None
+    if latest is not None and _global_step(latest) >= cfg.schedule.max_steps:
+        # Already at max_steps (stopped after its last step, e.g. by Ctrl-C): resuming would train one
+        # more step when the epoch has batches left (HF Trainer checks max_steps only after a step).
+        trainer._load_from_checkpoint(str(latest))
+        trainer.state = type(trainer.state).load_from_json(str(latest / "trainer_state.json"))
+    else:
+        trainer.train(resume_from_checkpoint=str(latest) if latest is not None else None)
     for cb in callbacks:
         cb.raise_if_triggered()
     history = [
@@ -96,6 +102,17 @@ def train_grpo_on_tasks(
                "infra_errors": stats.infra_errors, "mean_reward": sum(rewards) / len(rewards) if rewards else None}  # fmt: skip
     atomic_write_json(out_dir / "final_metrics.json", summary)
     return summary
+
+
+def _newest_checkpoint(root: Path) -> Path | None:
+    steps = [
+        (int(p.name.split("-")[1]), p) for p in root.glob("checkpoint-*") if p.name.split("-")[1].isdigit()
+    ]
+    return max(steps)[1] if steps else None
+
+
+def _global_step(checkpoint: Path) -> int:
+    return int(json.loads((checkpoint / "trainer_state.json").read_text())["global_step"])
 
 
 def sandbox_pass_rate(

@@ -6,6 +6,13 @@ and the outputs are unchanged on disk, the stage is skipped. Otherwise the stage
 resumes through its own caches (replay's response cache and spend ledger, the trainer's checkpoints,
 evaluation's per-site cache), so nothing already computed or paid for is done twice.
 
+One run at a time: the runner holds the run directory's lock (``RUN/.lock``, naming its pid) while it
+runs, and refuses a directory whose manifest was written for another config file (``origin``) unless
+told to take it over. After each stage it polls the kill switch, so a stop requested while a stage
+that never polls was running (Ctrl-C during ``report``) still ends the run with the switch's exit code;
+a stage whose summary says ``overrun`` (replay: a provider billed above its reservation) ends the run
+with ``SpendOverrun`` once the stage is recorded.
+
 Test hook: ``COMPOSER_REPLICATION_CRASH_AT=<stage>[:<n>]`` kills the process (``os._exit(113)``, as
 abrupt as SIGKILL: no cleanup runs) inside that stage, at its ``n``-th poll of the stop callback
 (default: after its body returns, before the manifest records it as done).
@@ -22,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from composer_replication._lock import directory_lock
 from composer_replication.pipeline.config import RunConfig
 from composer_replication.pipeline.manifest import Manifest, hash_path
 
@@ -39,6 +47,7 @@ class RunContext:
     log: Callable[[str], None] = print
     kill_switch: Any = None
     resume: bool = False  # the stage ran before with the same inputs and config: continue its partial work
+    until: str | None = None  # the last stage this invocation runs (``run --until``); None: all of them
     state: dict[str, Any] = field(default_factory=dict)
 
     def path(self, *parts: str) -> Path:
@@ -89,12 +98,19 @@ class Runner:
         *,
         log: Callable[[str], None] = print,
         kill_switch: Any = None,
+        origin: str | None = None,
+        take_over: bool = False,
     ) -> None:
+        """``origin`` names what the config came from (its file); a run directory whose manifest names
+        another origin is refused unless ``take_over``."""
         self.run_dir = Path(run_dir)
         self.config = config
         self.stages = list(stages)
         self.log = log
         self.kill_switch = kill_switch
+        self.origin = origin
+        self.take_over = take_over
+        self._until: str | None = None
         self.manifest = Manifest.load(self.run_dir)
 
     def _key(self, ctx: RunContext, stage: Stage) -> tuple[str, dict[str, str | None]]:
@@ -121,7 +137,14 @@ class Runner:
 
     def _context(self) -> RunContext:
         stop = self.kill_switch.should_stop if self.kill_switch is not None else (lambda: None)
-        return RunContext(self.run_dir, self.config, stop=stop, log=self.log, kill_switch=self.kill_switch)
+        return RunContext(
+            self.run_dir,
+            self.config,
+            stop=stop,
+            log=self.log,
+            kill_switch=self.kill_switch,
+            until=self._until,
+        )
 
     def run(self, *, force: Sequence[str] = (), until: str | None = None) -> dict[str, str]:
         """Run the stages; returns ``{stage: "ran" | "skipped" | "disabled"}``.
@@ -133,18 +156,52 @@ class Runner:
         for n in [*force, *([until] if until else [])]:
             if n not in names:
                 raise ValueError(f"unknown stage {n!r}; stages are: {', '.join(names)}")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        cfg_dump = self.config.model_dump(mode="json")
-        self.manifest.set_run_info(cfg_dump, self.config.section_hash(*RunConfig.model_fields))
-        for s in self.stages:
-            self.manifest.stage(s.name)
-        self.manifest.save()
-        outcome: dict[str, str] = {}
-        for stage in self.stages:
-            outcome[stage.name] = self._run_one(stage, force=stage.name in force)
-            if stage.name == until:
-                break
+        self._until = until
+        with directory_lock(self.run_dir, "run directory"):
+            self.manifest = Manifest.load(self.run_dir)  # as the last holder of the lock left it
+            self._check_origin()
+            cfg_dump = self.config.model_dump(mode="json")
+            self.manifest.set_run_info(cfg_dump, self.config.section_hash(*RunConfig.model_fields))
+            if self.origin is not None:
+                self.manifest.data["origin"] = self.origin
+            for s in self.stages:
+                self.manifest.stage(s.name)
+            self.manifest.save()
+            outcome: dict[str, str] = {}
+            for stage in self.stages:
+                outcome[stage.name] = self._run_one(stage, force=stage.name in force)
+                self._halt_if_needed(stage, ran=outcome[stage.name] == "ran")
+                if stage.name == until:
+                    break
         return outcome
+
+    def _check_origin(self) -> None:
+        old = self.manifest.data.get("origin")
+        if self.origin is None or old is None or old == self.origin or self.take_over:
+            return
+        raise ValueError(
+            f"{self.run_dir}: this run directory was created by {old}, not {self.origin}; running here would "
+            "redo its stages and replace its outputs. Use another run directory, or pass --force to take it over"
+        )
+
+    def _halt_if_needed(self, stage: Stage, *, ran: bool) -> None:
+        """Stop between stages: a stop requested meanwhile (signal, STOP file), or a spend overrun."""
+        reason = self.kill_switch.should_stop() if self.kill_switch is not None else None
+        if reason:
+            from composer_replication.safety.kill_switch import KillSwitchTriggered
+
+            self.log(f"[{stage.name}] stopping after this stage: {reason}")
+            raise KillSwitchTriggered(reason)
+        summary = self.manifest.stage(stage.name).summary
+        if ran and summary.get("overrun"):
+            from composer_replication.teacher_replay.ledger import SpendOverrun
+
+            raise SpendOverrun(
+                f"[{stage.name}] spend overrun: the ledger books ${summary.get('spent_usd', 0):.6f} against a "
+                f"${summary.get('max_total_usd', 0):.6f} cap, because a provider billed above the prices the "
+                "reservations were made with (ledger entries marked overrun). The stage's results are kept; "
+                "check the teacher prices, then rerun to continue with the later stages"
+            )
 
     def _run_one(self, stage: Stage, *, force: bool) -> str:
         ctx = self._context()

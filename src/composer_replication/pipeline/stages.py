@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -137,9 +136,13 @@ def replay_selection(ctx: RunContext) -> list[dict[str, Any]]:
 
 
 def _replay(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.pipeline.preflight import check_later_stages
     from composer_replication.teacher_replay.client import replay_states
 
     rc = ctx.config.replay
+    names = [s.name for s in build_stages() if s.enabled(ctx.config)]
+    last = names.index(ctx.until) if ctx.until in names else len(names) - 1
+    check_later_stages(ctx, names[names.index("replay") + 1 : last + 1])  # before anything is paid for
     states = replay_selection(ctx)
     write_jsonl_atomic(ctx.path("replay", "states.jsonl"), states)
     rep = asyncio.run(
@@ -151,14 +154,17 @@ def _replay(ctx: RunContext) -> dict[str, Any]:
     )  # fmt: skip
     _release_local_teachers()
     write_jsonl_atomic(ctx.path("replay", "teacher_calls.jsonl"), rep.results)
-    return {
+    summary = {
         "states": len(states),
         "calls": len(rep.results),
         "cached": rep.n_cached,
         "sent": rep.n_sent,
         "errors": rep.n_errors,
-        "spent_usd": round(rep.prior_usd + rep.spent_usd, 6),
+        "spent_usd": round(rep.total_usd, 6),
     }
+    if rep.overrun:  # the runner ends the run once this stage is recorded (SpendOverrun)
+        summary.update(overrun=True, max_total_usd=rep.max_total_usd)
+    return summary
 
 
 def _release_local_teachers() -> None:
@@ -364,20 +370,39 @@ def run_pipeline(
     force: tuple[str, ...] | list[str] = (),
     until: str | None = None,
     log: Any = print,
+    origin: str | None = None,
+    take_over: bool = False,
 ) -> Path | None:
-    """Run (or resume) the whole pipeline in ``run_dir``; returns the report path once written."""
+    """Run (or resume) the whole pipeline in ``run_dir``; returns the report path once written.
+
+    ``origin`` names the config's source (its file); a run directory created from another origin is
+    refused unless ``take_over`` (see ``Runner``).
+    """
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise NotADirectoryError(
+            f"{run_dir}: is a file; the run directory must be a directory (pass another --out)"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     ks = make_kill_switch(run_dir)
     try:
-        Runner(run_dir, config, build_stages(), log=log, kill_switch=ks).run(force=force, until=until)
+        Runner(
+            run_dir, config, build_stages(), log=log, kill_switch=ks, origin=origin, take_over=take_over
+        ).run(force=force, until=until)
     finally:
         ks.close()
     report = run_dir / "report" / "report.html"
     return report if report.exists() else None
 
 
-def price_replay(config: RunConfig, run_dir: str | Path, *, log: Any = print) -> dict[str, Any]:
+def price_replay(
+    config: RunConfig,
+    run_dir: str | Path,
+    *,
+    log: Any = print,
+    origin: str | None = None,
+    take_over: bool = False,
+) -> dict[str, Any]:
     """Run ingest and split, then price the replay stage without sending anything (``run --dry-run``).
 
     Calls already in the run's cache are excluded: the figure is what ``run`` would pay from here.
@@ -385,33 +410,13 @@ def price_replay(config: RunConfig, run_dir: str | Path, *, log: Any = print) ->
     from composer_replication.teacher_replay.client import price_run
 
     run_dir = Path(run_dir)
-    Runner(run_dir, config, build_stages(), log=log).run(until="split")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise NotADirectoryError(
+            f"{run_dir}: is a file; the run directory must be a directory (pass another --out)"
+        )
+    Runner(run_dir, config, build_stages(), log=log, origin=origin, take_over=take_over).run(until="split")
     ctx = RunContext(run_dir, config, log=log)
     states = replay_selection(ctx)
     return {"states": len(states), "max_total_usd": config.replay.max_total_usd,
             **price_run(states, teacher_specs(ctx), max_tokens=config.replay.max_tokens,
                         cache_path=ctx.path("replay", "cache.jsonl"))}  # fmt: skip
-
-
-def demo_config(*, fast: bool = False) -> RunConfig:
-    """The bundled demo: example sessions, SmolLM2 student (``fast``: tiny models), in-process teachers."""
-    from importlib import resources
-
-    from composer_replication.pipeline.config import load_run_config
-
-    data = resources.files("composer_replication") / "data"
-    cfg = load_run_config(Path(str(data / "demo.yaml")))
-    if fast:
-        fast_over = json.loads((data / "demo_fast.json").read_text())
-        merged = cfg.model_dump(mode="json")
-        _deep_update(merged, fast_over)
-        cfg = RunConfig.model_validate(merged)
-    return cfg
-
-
-def _deep_update(d: dict[str, Any], u: dict[str, Any]) -> None:
-    for k, v in u.items():
-        if isinstance(v, dict) and isinstance(d.get(k), dict):
-            _deep_update(d[k], v)
-        else:
-            d[k] = v

@@ -14,11 +14,9 @@ _CKPT = re.compile(r"^(?:checkpoint|step)[-_]?(\d+)$")
 
 def spent_usd(ledger_path: Path) -> float:
     """USD booked in a replay ledger so far (settled calls plus any reservation left open by a crash)."""
-    if not ledger_path.exists():
-        return 0.0
-    from composer_replication.teacher_replay.ledger import SpendLedger
+    from composer_replication.teacher_replay.ledger import ledger_total
 
-    return SpendLedger._load(ledger_path)
+    return ledger_total(ledger_path)
 
 
 def last_checkpoint(run_dir: Path) -> Path | None:
@@ -55,15 +53,21 @@ def run_status(run_dir: str | Path) -> dict[str, Any]:
         }
         for name, r in m.stages.items()
     }
+    from composer_replication._lock import lock_holder
+
     report = run_dir / "report" / "report.html"
     ckpt = last_checkpoint(run_dir)
     cfg = m.data.get("config", {})
+    spend = spent_usd(run_dir / "replay" / "ledger.jsonl")
+    cap = cfg.get("replay", {}).get("max_total_usd")
     return {
         "run_dir": str(run_dir),
         "updated_at": m.data.get("updated_at"),
+        "in_use_by": lock_holder(run_dir),
         "stages": stages,
-        "spend_usd": spent_usd(run_dir / "replay" / "ledger.jsonl"),
-        "max_total_usd": cfg.get("replay", {}).get("max_total_usd"),
+        "spend_usd": spend,
+        "max_total_usd": cap,
+        "overrun": cap is not None and spend > cap + 1e-12,
         "last_checkpoint": str(ckpt) if ckpt else None,
         "report": str(report) if report.exists() else None,
     }
@@ -82,8 +86,15 @@ def format_status(st: dict[str, Any]) -> str:
         )
         tail = f"  error: {s['error']}" if s.get("error") else ""
         lines.append(f"  {name:<{width}}  {s['status']:<8}  {summ}{tail}")
+    if st.get("in_use_by"):
+        lines.insert(1, f"  in use by {st['in_use_by']}")
     cap = st.get("max_total_usd")
     lines.append(f"spend: ${st['spend_usd']:.4f}" + (f" of ${cap:.2f} cap" if cap is not None else ""))
+    if st.get("overrun"):
+        lines[-1] += (
+            f"  ** OVERRUN by ${st['spend_usd'] - cap:.4f}: a provider billed above the planned prices "
+            "(see replay/ledger.jsonl, entries marked overrun) **"
+        )
     lines.append(f"last checkpoint: {st['last_checkpoint'] or '-'}")
     lines.append(f"report: {st['report'] or '- (not written yet)'}")
     return "\n".join(lines)
