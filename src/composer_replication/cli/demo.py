@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from composer_replication.cli.run import TAKE_OVER
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", help="run directory (default: runs/demo)")
@@ -19,7 +21,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tiny random models instead of SmolLM2 (a minute; for tests and a first look)",
     )
     p.add_argument(
-        "--force", action="append", default=[], metavar="STAGE", help="re-run this stage even if current"
+        "--force",
+        action="append",
+        default=[],
+        nargs="?",
+        const=TAKE_OVER,
+        metavar="STAGE",
+        help="re-run this stage even if current; without STAGE: take over a run directory made by another config",
     )
 
 
@@ -30,7 +38,10 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.time()
     origin = "composer-replication demo" + (" --fast" if args.fast else "")
-    report = run_pipeline(demo_config(fast=args.fast), args.out, force=args.force, origin=origin)
+    force = [f for f in args.force if f != TAKE_OVER]
+    report = run_pipeline(
+        demo_config(fast=args.fast), args.out, force=force, origin=origin, take_over=TAKE_OVER in args.force
+    )
     print(f"demo finished in {time.time() - t0:.0f}s")
     print(f"report: {report}")
     print(f"status: composer-replication status {args.out}")
