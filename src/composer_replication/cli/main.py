@@ -5,8 +5,8 @@ Each subcommand lives in its own module ``composer_replication.cli.<module>`` ex
 the command being run is imported, so ``--help`` and light commands start fast.
 
 Exit codes: 0 success; 1 a user error (bad input, missing file or extra; the message says the fix);
-2 usage errors (argparse); an exception carrying an ``exit_code`` attribute (e.g. the safety kill
-switch) exits with that code.
+2 usage errors (argparse); an exception carrying an ``exit_code`` attribute exits with that code (3: the
+safety kill switch; 4: a spend overrun, ``teacher_replay.ledger.SpendOverrun``).
 """
 
 from __future__ import annotations

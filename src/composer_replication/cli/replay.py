@@ -7,7 +7,9 @@ OUT/replay_summary.json. --dry-run prices the run (worst case and expected) with
 Teachers: --teachers SLUG[=IN:OUT] ... (USD per million tokens; default: the three OpenRouter
 defaults), or --config FILE (YAML/JSON: a list of TeacherSpec dicts, or {"teachers": [...]}).
 The API key comes from $OPENROUTER_API_KEY (or a teacher's api_key_env) or ./.env; never from a flag,
-so it stays out of shell history.
+so it stays out of shell history. OUT is locked while the command runs (a second replay there fails,
+naming this one's pid). Exit codes: 3 when --stop-file stopped it; 4 when a provider billed above the
+prices the reservations were made with and the ledger ended above --max-usd (spend overrun).
 """
 
 from __future__ import annotations
