@@ -43,8 +43,22 @@ def lock_holder(directory: str | os.PathLike[str]) -> str | None:
     return None
 
 
+def _try_lock(fd: int, attempts: int = 5) -> bool:
+    # A few tries over ~0.1 s: `lock_holder` (status) takes a shared lock for microseconds.
+    for i in range(attempts):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if i + 1 < attempts:
+                time.sleep(0.025)
+    return False
+
+
 @contextmanager
-def directory_lock(directory: str | os.PathLike[str], what: str = "directory") -> Iterator[None]:
+def directory_lock(
+    directory: str | os.PathLike[str], what: str = "directory", how_to_stop: str = ""
+) -> Iterator[None]:
     """Hold ``directory``'s lock for the ``with`` body; ``DirectoryInUse`` at once if another process has it."""
     d = Path(directory)
     if d.exists() and not d.is_dir():
@@ -52,12 +66,10 @@ def directory_lock(directory: str | os.PathLike[str], what: str = "directory") -
     d.mkdir(parents=True, exist_ok=True)
     fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _try_lock(fd):
             raise DirectoryInUse(
-                f"{d}: this {what} is in use by {_describe(fd)}; wait for it to finish, stop it "
-                f"(touch {d / 'STOP'} or kill that pid), or use another directory"
+                f"{d}: this {what} is in use by {_describe(fd)}; wait for it to finish, stop it"
+                f"{f' ({how_to_stop})' if how_to_stop else ''}, or use another directory"
             ) from None
         cmd = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:300]
         os.ftruncate(fd, 0)

@@ -157,7 +157,7 @@ class Runner:
             if n not in names:
                 raise ValueError(f"unknown stage {n!r}; stages are: {', '.join(names)}")
         self._until = until
-        with directory_lock(self.run_dir, "run directory"):
+        with directory_lock(self.run_dir, "run directory", f"touch {self.run_dir / 'STOP'}"):
             self.manifest = Manifest.load(self.run_dir)  # as the last holder of the lock left it
             self._check_origin()
             cfg_dump = self.config.model_dump(mode="json")
