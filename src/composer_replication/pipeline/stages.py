@@ -409,11 +409,7 @@ def price_replay(
     """
     from composer_replication.teacher_replay.client import price_run
 
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise NotADirectoryError(
-            f"{run_dir}: is a file; the run directory must be a directory (pass another --out)"
-        )
+    run_dir = Path(run_dir)  # the runner refuses a file (NotADirectoryError) and a busy directory
     Runner(run_dir, config, build_stages(), log=log, origin=origin, take_over=take_over).run(until="split")
     ctx = RunContext(run_dir, config, log=log)
     states = replay_selection(ctx)
