@@ -55,8 +55,12 @@ def _normalize(ctx: Any) -> None:
 
 def _train(mode: str) -> Callable[[Any], None]:
     def check(ctx: Any) -> None:
-        extra = "trl" if mode == "grpo" else "hf"
-        try:
+        from composer_replication._extras import require
+
+        require("hf", purpose=f"the {mode} training phase")
+        if mode == "grpo":
+            require("trl", purpose="the GRPO phase")
+        try:  # imported, not only looked up: a broken install fails here too
             import torch  # noqa: F401
             import transformers  # noqa: F401
 
@@ -64,6 +68,7 @@ def _train(mode: str) -> Callable[[Any], None]:
                 import datasets  # noqa: F401
                 import trl  # noqa: F401
         except ImportError as exc:
+            extra = "trl" if mode == "grpo" else "hf"
             raise PreflightError(f"{_first_line(exc)} (fix: {EXTRA_INSTALL.format(extra=extra)})") from None
         from composer_replication.pipeline.training import train_config
 
@@ -92,10 +97,10 @@ def _evaluate(ctx: Any) -> None:
 
 
 def _report(ctx: Any) -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise PreflightError(f"matplotlib is missing (fix: {EXTRA_INSTALL.format(extra='plot')})") from None
+    from composer_replication._extras import require
+
+    require("plot", purpose="the report")
+    import matplotlib  # noqa: F401  (imported: a broken install fails here, not after paying)
 
 
 def _first_line(exc: BaseException) -> str:
