@@ -18,14 +18,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_kind(path: str | Path) -> str:
     """``"run"`` or ``"train"``: which kind of config ``path`` holds (by its top-level keys)."""
-    from composer_replication.config import TrainConfig, _read
+    from composer_replication.config import TrainConfig, read_config_file
     from composer_replication.pipeline.config import RunConfig
 
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such config file" + (" (it is a directory)" if p.is_dir() else ""))
     run_only = set(RunConfig.model_fields) - set(TrainConfig.model_fields)  # sources, replay, train, ...
-    return "run" if run_only & set(_read(p)) else "train"
+    return "run" if run_only & set(read_config_file(p)) else "train"
 
 
 def run(args: argparse.Namespace) -> int:
