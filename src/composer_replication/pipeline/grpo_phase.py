@@ -16,6 +16,7 @@ own limits (see ``datagen.bwrap_sandbox``), and tasks other than the bundled one
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
