@@ -28,12 +28,16 @@ from typing import Any
 
 EXTRA_INSTALL = "pip install torch==2.13.0 'composer-replication[{extra}]'"
 
-_TINY_PAIRS = [
-    {"state_id": f"preflight::{i}", "state_messages": [{"role": "user", "content": "fix the failing test"}],
-     "chosen": f'[TOOL_USE] name=Read input={{"file_path": "src/app_{i}.py"}}',
-     "rejected": '[TOOL_USE] name=Bash input={"command": "ls"}', "n_teachers_agreeing": 2}
-    for i in range(2)
-]  # fmt: skip
+
+def _tiny_pairs() -> list[dict[str, Any]]:
+    from composer_replication.wire import format_tool_use
+
+    return [
+        {"state_id": f"preflight::{i}", "state_messages": [{"role": "user", "content": "fix the failing test"}],
+         "chosen": format_tool_use("Read", {"file_path": f"src/app_{i}.py"}),
+         "rejected": format_tool_use("Bash", {"command": "ls"}), "n_teachers_agreeing": 2}
+        for i in range(2)
+    ]  # fmt: skip
 
 
 class PreflightError(ValueError):
@@ -48,7 +52,7 @@ def _normalize(ctx: Any) -> None:
     try:
         from composer_replication.replaysim import DJNormalizer
 
-        DJNormalizer(nc.recipe).normalize(_TINY_PAIRS)
+        DJNormalizer(nc.recipe).normalize(_tiny_pairs())
     except (ImportError, RuntimeError) as exc:
         raise PreflightError(f"{_first_line(exc)} (fix: {fix})") from None
 

@@ -57,8 +57,11 @@ class RequestInfo:
 
 def sample_states(n: int, prefix: str = "s") -> list[dict[str, Any]]:
     """``n`` small ``TraceState`` dicts (for tests and demos against this server)."""
+    from composer_replication.wire import format_tool_use
+
+    student = format_tool_use("Bash", {"command": "ls"})
     return [
-        {"state_id": f"{prefix}{i}", "student_action": '[TOOL_USE] name=Bash input={"command": "ls"}',
+        {"state_id": f"{prefix}{i}", "student_action": student,
          "messages": [{"role": "system", "content": "You are a coding agent."},
                       {"role": "user", "content": f"task {prefix}{i}: fix the failing test"}]}
         for i in range(n)
