@@ -273,6 +273,12 @@ class _CrashingKillSwitch:
     def should_stop(self) -> str | None:
         return self._stop()
 
+    def __call__(self) -> str | None:
+        return self._stop()
+
+    def observe(self, **metrics: Any) -> str | None:
+        return self._inner.observe(**metrics) or self._stop()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
