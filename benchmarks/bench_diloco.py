@@ -6,7 +6,7 @@
 2. Time of one object-store all-reduce of a 135M-parameter fp32 pseudo-gradient (SmolLM2-135M
    shapes) among 4 replicas, against the raw put + get of the same bytes on the same store (one
    put of this replica's object, a get of each of the 3 others' objects): the protocol's overhead
-   (sha256, validation, manifest, float64 fixed-order mean). Measured as the replica that arrives
+   (digest, validation, manifest, float64 fixed-order mean). Measured as the replica that arrives
    last (the other 3 have uploaded), which is the all-reduce's critical path.
 
 The raw baseline is timed twice: one PUT then the GETs one after another (the baseline of the
@@ -20,7 +20,6 @@ Run (uses ~8 GB; take the machine-wide lock):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import signal
@@ -33,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from composer_replication.diloco.serverless import digest
 from composer_replication.diloco.serverless.allreduce import object_store_allreduce, round_prefix
 from composer_replication.diloco.serverless.store import LocalDirStore, S3Store
 from composer_replication.diloco.serverless.tensorfile import encode
@@ -42,8 +42,9 @@ def _serialize(tensors) -> bytes:
     return b"".join(encode(tensors))
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _metadata(data: bytes, rank: int) -> dict[str, str]:
+    """The metadata a replica's own upload carries (its digest, rank, weight)."""
+    return {digest.WRITE: digest.new(digest.WRITE, data).hexdigest(), "rank": str(rank), "weight": "1.0"}
 
 
 def smollm2_shapes(target: float) -> dict[str, tuple[int, ...]]:
@@ -127,8 +128,9 @@ def time_store(name: str, store, shapes, k: int, repeats: int) -> tuple[float, f
     for rep in range(repeats):
         run = f"bench-{rep}-{time.time_ns()}"
         for r, data in others.items():  # the other replicas have already uploaded
-            store.put_if_absent(f"{round_prefix(run, 0)}/delta/{r:05d}.safetensors", data,
-                                metadata={"sha256": _sha256(data), "rank": str(r), "weight": "1.0"})  # fmt: skip
+            store.put_if_absent(
+                f"{round_prefix(run, 0)}/delta/{r:05d}.safetensors", data, metadata=_metadata(data, r)
+            )
 
         def allreduce(run: str = run) -> float:
             t = time.perf_counter()

@@ -125,7 +125,7 @@ def test_read_object_streams_and_hashes(tmp_path):
     data = bytes(range(256)) * 40_000  # 10 MB: several read chunks
     store.put_parts_if_absent("k", [data[:5], memoryview(data)[5:]], metadata={"m": "1"})
     buf, meta, sha = read_object(store, "k")
-    assert bytes(buf) == data and meta == {"m": "1"} and sha == hashlib.sha256(data).hexdigest()
+    assert bytes(buf) == data and meta == {"m": "1"} and sha == "sha256:" + hashlib.sha256(data).hexdigest()
     assert store.get("k") == (data, {"m": "1"})
 
     class Plain:  # a store with only the basic protocol still works
@@ -281,3 +281,22 @@ def test_an_upload_with_a_bad_weight_is_rejected(tmp_path, weight):
     res = object_store_allreduce(store, c[0], run_id="s", round_index=0, rank=0, world_size=3, deadline_s=0.2)
     assert res.participants == [0, 2] and "is not a finite positive number" in res.rejected[1]
     assert torch.isfinite(res.tensors["w"]).all()
+
+
+def test_uploads_carry_a_blake3_digest_and_a_mismatch_is_named(tmp_path):
+    import blake3
+
+    store = LocalDirStore(tmp_path)
+    c = _contribs(2, size=1000)
+    res = object_store_allreduce(store, c[0], run_id="d", round_index=0, rank=0, world_size=1)
+    data, meta = store.get(f"{round_prefix('d', 0)}/delta/00000.safetensors")
+    assert meta["blake3"] == blake3.blake3(data).hexdigest() and "sha256" not in meta
+    manifest = json.loads(store.get(f"{round_prefix('d', 0)}/MANIFEST.json")[0])
+    assert manifest["digests"] == {"0": "blake3:" + meta["blake3"]} and res.participants == [0]
+    # a blake3-tagged upload whose bytes changed after hashing is rejected, naming the algorithm
+    good = b"".join(bytes(p) for p in encode(c[1]))
+    bad = good[:-1] + bytes([good[-1] ^ 1])
+    store.put_if_absent(f"{round_prefix('e', 0)}/delta/00001.safetensors", bad,
+                        metadata={"blake3": blake3.blake3(good).hexdigest(), "weight": "1.0"})  # fmt: skip
+    res = object_store_allreduce(store, c[0], run_id="e", round_index=0, rank=0, world_size=2, deadline_s=0.2)
+    assert res.participants == [0] and res.rejected[1].startswith("blake3 mismatch")

@@ -3,17 +3,18 @@
 The leaderless manifest protocol (design notes: interfaces.md §6.3), one round:
 
 1. **Upload.** Each replica writes ``<run>/round/<r>/delta/<rank>.safetensors`` create-only, with its
-   ``sha256``, ``rank`` and ``weight`` in the object metadata. Retries are idempotent and a zombie
+   digest (:mod:`.digest`: BLAKE3), ``rank`` and ``weight`` in the object metadata. Retries are
+   idempotent and a zombie
    replica cannot overwrite its own earlier upload.
-2. **Validate.** Each replica downloads the uploads it sees and checks the sha256, the file's
+2. **Validate.** Each replica downloads the uploads it sees and checks the digest, the file's
    structure, the tensor names, shapes and dtypes against its own, and that every value is finite.
    An invalid upload is never proposed for a manifest.
 3. **Manifest = the consensus point.** When every replica's upload is valid, or when this replica's
    deadline passes with at least ``min_participants`` valid uploads, it tries to create
-   ``<run>/round/<r>/MANIFEST.json`` listing the ranks (sorted) and their sha256s. Exactly one writer
+   ``<run>/round/<r>/MANIFEST.json`` listing the ranks (sorted) and their digests. Exactly one writer
    wins; everyone else reads the winner's manifest.
 4. **Reduce.** Every replica averages exactly the manifest's uploads (bytes checked against the
-   manifest's sha256), in rank order, accumulating in float64. Same bytes, same order, same
+   manifest's digest), in rank order, accumulating in float64. Same bytes, same order, same
    arithmetic: every replica gets a **bit-identical** result.
 
 A replica that is late, dead or corrupted is simply absent from the manifest; a late one reads the
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from composer_replication.diloco.serverless import tensorfile
+from composer_replication.diloco.serverless import digest, tensorfile
 from composer_replication.diloco.serverless.mean import fixed_order_mean, upload_weight
 from composer_replication.diloco.serverless.store import ObjectStore
 from composer_replication.diloco.serverless.stream_mean import fusable, stream_mean
@@ -80,16 +81,18 @@ def round_prefix(run_id: str, round_index: int) -> str:
 
 
 def read_object(store: ObjectStore, key: str) -> tuple[Any, dict[str, str], str]:
-    """``(content, metadata, sha256 hex)`` of ``key``, hashed while it streams into one buffer.
+    """``(content, metadata, "<algorithm>:<hex>")`` of ``key``, hashed while it streams into one buffer.
 
     The content is a writable buffer (an uninitialised numpy array: no pass to zero it first).
     """
     opener = getattr(store, "open_read", None)
     if opener is None:  # a store with only the basic protocol
         data, meta = store.get(key)
-        return bytearray(data), meta, hashlib.sha256(data).hexdigest()
+        algorithm = digest.expected(meta)[0]
+        return bytearray(data), meta, f"{algorithm}:{digest.new(algorithm, data).hexdigest()}"
     stream, size, meta = opener(key)
-    buf, h, pos = np.empty(size, dtype=np.uint8), hashlib.sha256(), 0
+    algorithm = digest.expected(meta)[0]
+    buf, h, pos = np.empty(size, dtype=np.uint8), digest.new(algorithm), 0
     view = buf.data
     with stream:
         while pos < size:
@@ -99,7 +102,7 @@ def read_object(store: ObjectStore, key: str) -> tuple[Any, dict[str, str], str]
             h.update(view[pos : pos + n])
             pos += n
         stream.readinto(bytearray(1))  # at the end: lets the client check and reuse the connection
-    return buf, meta, h.hexdigest()
+    return buf, meta, f"{algorithm}:{h.hexdigest()}"
 
 
 def _validate(
@@ -110,10 +113,14 @@ def _validate(
     expect_sha: str | None = None,
 ) -> tuple[dict[str, torch.Tensor] | None, str]:
     """Check one upload; ``(tensors, "")`` if good (views on ``data``), ``(None, reason)`` if not."""
-    if meta.get("sha256") != sha:
-        return None, f"sha256 mismatch (metadata {meta.get('sha256')!r}, content {sha})"
+    algorithm, declared = digest.expected(meta)
+    if f"{algorithm}:{declared}" != sha:
+        return (
+            None,
+            f"{algorithm} mismatch (metadata {meta.get(algorithm)!r}, content {sha.partition(':')[2]})",
+        )
     if expect_sha is not None and sha != expect_sha:
-        return None, f"content sha256 {sha} differs from the manifest's {expect_sha}"
+        return None, f"content digest {sha} differs from the manifest's {expect_sha}"
     try:
         tensors = tensorfile.decode(data)
     except ValueError as exc:  # a malformed file is a rejected upload, not a crash
@@ -134,25 +141,25 @@ def _fetch(
 ) -> tuple[dict[str, torch.Tensor] | None, str, dict[str, str]]:
     data, meta, sha = read_object(store, key)
     parsed, why = _validate(data, meta, sha, like, expect_sha)
-    return parsed, why, {**meta, "sha256": sha}
+    return parsed, why, {**meta, "digest": sha}
 
 
 def _upload(
     store: ObjectStore, key: str, like: Mapping[str, torch.Tensor], rank: int, weight: float
 ) -> tuple[bool, str, bool]:
-    """Create this replica's upload: ``(created, sha256, finite)``."""
+    """Create this replica's upload: ``(created, "<algorithm>:<hex>", finite)``."""
     parts = tensorfile.encode(like)
-    h = hashlib.sha256()
+    h = digest.new(digest.WRITE)
     for part in parts:
         h.update(part)
-    meta = {"sha256": h.hexdigest(), "rank": str(rank), "weight": repr(float(weight))}
+    meta = {digest.WRITE: h.hexdigest(), "rank": str(rank), "weight": repr(float(weight))}
     finite = all(tensorfile.finite(t) for t in like.values())
     put_parts = getattr(store, "put_parts_if_absent", None)
     if put_parts is not None:
         created = put_parts(key, parts, metadata=meta)
     else:
         created = store.put_if_absent(key, b"".join(parts), metadata=meta)
-    return created, meta["sha256"], finite
+    return created, f"{digest.WRITE}:{meta[digest.WRITE]}", finite
 
 
 def _read_manifest(store: ObjectStore, prefix: str) -> dict[str, Any] | None:
@@ -206,21 +213,22 @@ def _fast_round(
     if streamed.mean is None or not (created and finite):
         return None, None
     ranks = sorted([rank, *keys])
-    digests = {**streamed.sha256, rank: sha}
+    digests = {**streamed.digests, rank: sha}
     manifest = _propose(
         store,
         prefix,
         {
             "round": round_index,
             "participants": ranks,
-            "sha256": {str(r): digests[r] for r in ranks},
+            "digests": {str(r): digests[r] for r in ranks},
             "weights": {str(r): streamed.weights[r] for r in ranks},
             "rejected": {},
             "writer": rank,
         },
     )
     same = manifest["participants"] == ranks and all(
-        manifest["sha256"][str(r)] == digests[r] and float(manifest["weights"][str(r)]) == streamed.weights[r]
+        manifest["digests"][str(r)] == digests[r]
+        and float(manifest["weights"][str(r)]) == streamed.weights[r]
         for r in ranks
     )
     return (streamed.mean if same else None), manifest
@@ -305,7 +313,7 @@ def object_store_allreduce(
                 elif (w := upload_weight(meta)) is None:
                     rejected[r] = f"weight {meta.get('weight')!r} is not a finite positive number"
                 else:
-                    valid[r] = (parsed, meta["sha256"], w)
+                    valid[r] = (parsed, meta["digest"], w)
             now = clock() - start
             if len(valid) == world_size or (now >= deadline_s and len(valid) >= min_participants):
                 ranks = sorted(valid)
@@ -315,7 +323,7 @@ def object_store_allreduce(
                     {
                         "round": round_index,
                         "participants": ranks,
-                        "sha256": {str(r): valid[r][1] for r in ranks},
+                        "digests": {str(r): valid[r][1] for r in ranks},
                         "weights": {str(r): valid[r][2] for r in ranks},
                         "rejected": {str(r): why for r, why in sorted(rejected.items())},
                         "writer": rank,
@@ -335,7 +343,7 @@ def object_store_allreduce(
         contributions: dict[int, dict[str, torch.Tensor]] = {}
         refetch: dict[int, Future] = {}
         for r in manifest["participants"] if mean is None else []:
-            want = manifest["sha256"][str(r)]
+            want = manifest["digests"][str(r)]
             if r in valid and valid[r][1] == want:
                 contributions[r] = valid[r][0]
             else:  # we had not seen (or had rejected) what the manifest's writer accepted: fetch it again

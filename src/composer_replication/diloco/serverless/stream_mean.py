@@ -4,32 +4,33 @@ window while it is still in cache.
 When a replica arrives at a round whose other uploads are all there (the last to arrive: the
 round's critical path), it does not download them into whole-object buffers and average them
 afterwards. One reader thread per upload streams the object through a few small reused buffers,
-hashing each window as it lands; the calling thread takes the windows of every rank in lockstep and
-accumulates them, in rank order, in float64 (a NaN or inf in any of them shows in the sum) — the same operations per
+hashing each window as it lands; the calling thread (with one helper) takes the windows of every rank
+in lockstep and accumulates them, in rank order, in float64 (a NaN or inf in any of them shows in
+the sum) — the same operations per
 element as :func:`~composer_replication.diloco.serverless.allreduce.fixed_order_mean`, so the result
 has the same bits. Nothing is copied after the read, no page of a fresh object-sized buffer is
 touched, and the mean costs little more than the reads.
 
 It applies when every tensor has one floating dtype and every upload's safetensors header is
 byte-for-byte this replica's own (same names, shapes, dtypes, offsets). The result is only a
-candidate: the caller uses it if the round's manifest lists exactly these uploads with these sha256s.
+candidate: the caller uses it if the round's manifest lists exactly these uploads with these digests.
 Anything unexpected (an upload that would be rejected, a broken transfer, a different manifest)
 hands the round to the general path, which judges every upload with its usual checks and reasons.
 """
 
 from __future__ import annotations
 
-import hashlib
 import queue
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from composer_replication.diloco.serverless import tensorfile
+from composer_replication.diloco.serverless import digest, tensorfile
 from composer_replication.diloco.serverless.mean import SLICE, SliceMean, upload_weight
 
 __all__ = ["StreamedMean", "stream_mean", "fusable"]
@@ -40,10 +41,10 @@ _BUFFERS = 3  # windows in flight per upload
 
 @dataclass
 class StreamedMean:
-    """The candidate mean (None: the general path must judge the round) and each rank's sha256 and weight."""
+    """The candidate mean (None: the general path must judge the round) and each rank's digest and weight."""
 
     mean: dict[str, torch.Tensor] | None
-    sha256: dict[int, str] = field(default_factory=dict)
+    digests: dict[int, str] = field(default_factory=dict)  # "<algorithm>:<hex>" as declared
     weights: dict[int, float] = field(default_factory=dict)
 
 
@@ -95,6 +96,11 @@ class _Reader(threading.Thread):
             self.full.put((exc, pos))
 
 
+def _average(mean: SliceMean, slices: list[tuple[torch.Tensor, list[torch.Tensor]]]) -> bool:
+    """Average each slice into its output; False as soon as one holds a NaN or inf."""
+    return all(mean(out, sources, check_finite=True) for out, sources in slices)
+
+
 def _segments(sizes: list[int], lo: int, hi: int) -> list[tuple[int, int, int]]:
     """``(tensor index, start, end)`` element ranges of the tensors (flat, in file order) in [lo, hi)."""
     out, base = [], 0
@@ -118,7 +124,7 @@ def stream_mean(
 
     Returns the candidate mean over ``keys`` plus this replica, or ``mean=None`` whenever anything is
     not as expected (the store cannot stream; an upload's size, header or weight is not this
-    replica's; a value is not finite; a content does not match its sha256; a transfer broke): the
+    replica's; a value is not finite; a content does not match its digest; a transfer broke): the
     general path then judges every upload, with its usual reasons, and retries the transfers.
     """
     opener = getattr(store, "open_read", None)
@@ -137,6 +143,7 @@ def stream_mean(
     n_elements = sum(sizes)
     stop = threading.Event()
     readers: dict[int, _Reader] = {}
+    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="allreduce-mean")
     try:
         for r in sorted(keys):
             stream, size, meta = opener(keys[r])
@@ -145,17 +152,18 @@ def stream_mean(
             if size != len(header) + data_len or got < len(header) or bytes(head) != header:
                 stream.close()
                 return result
-            hasher = hashlib.sha256(head)
+            algorithm, declared = digest.expected(meta)
+            hasher = digest.new(algorithm, head)
             if (w := upload_weight(meta)) is None:
                 stream.close()
                 return result
             result.weights[r] = w
-            result.sha256[r] = meta.get("sha256", "")
+            result.digests[r] = f"{algorithm}:{declared}"
             readers[r] = _Reader(stream, hasher, data_len, stop)
         for reader in readers.values():
             reader.start()
         ranks = sorted([rank, *readers])
-        slice_mean = SliceMean([result.weights[r] for r in ranks])
+        means = [SliceMean([result.weights[r] for r in ranks]) for _ in range(2)]  # one per thread
         outs = [torch.empty(n, dtype=dtype) for n in sizes]
         per_window = WINDOW // itemsize
         for lo in range(0, n_elements, per_window):
@@ -168,27 +176,30 @@ def stream_mean(
                     return result
                 bufs[r] = buf
                 windows[r] = torch.frombuffer(buf, dtype=dtype, count=n // itemsize)
+            slices = []  # (output, sources in rank order): independent, so two threads share them
             for i, a, b in _segments(sizes, lo, hi):
                 off = starts[i] - lo  # tensor i's element 0, in window coordinates
                 srcs = {r: win[off + a : off + b] for r, win in windows.items()}
                 srcs[rank] = own[i][a:b]
                 for c in range(0, b - a, SLICE):
                     d = min(c + SLICE, b - a)
-                    if not slice_mean(
-                        outs[i][a + c : a + d], [srcs[r][c:d] for r in ranks], check_finite=True
-                    ):
-                        return result  # a NaN or inf somewhere in this slice
+                    slices.append((outs[i][a + c : a + d], [srcs[r][c:d] for r in ranks]))
+            other = helper.submit(_average, means[1], slices[1::2])
+            finite = _average(means[0], slices[0::2])
+            if not (other.result() and finite):
+                return result  # a NaN or inf somewhere in this window
             for r, reader in readers.items():
                 reader.free.put(bufs[r])  # the window is consumed: the reader may refill it
         for r, reader in readers.items():
             reader.join()
-            if result.sha256[r] != reader.hash.hexdigest():
+            if result.digests[r].partition(":")[2] != reader.hash.hexdigest():
                 return result
         mean = {n: o.view(like[n].shape) for n, o in zip(names, outs)}
         mean.update({n: torch.empty(t.shape, dtype=t.dtype) for n, t in like.items() if not t.numel()})
         result.mean = mean
         return result
     finally:
+        helper.shutdown(wait=True)
         stop.set()
         for reader in readers.values():
             reader.free.put(None)  # wake a reader waiting for a buffer
