@@ -89,10 +89,13 @@ def bytes_table(shapes: dict[str, tuple[int, ...]], k: int) -> str:
     )
 
 
+CPU: dict[str, list[float]] = {"all-reduce": [], "raw": []}  # process CPU seconds per round (--cpu)
+
+
 def _raw_round(store, run: str, mine_bytes: bytes, k: int, *, parallel: bool) -> float:
     """Seconds for a plain PUT of this replica's bytes and GETs of the k-1 others' (no checks)."""
     keys = [f"{round_prefix(run, 0)}/delta/{r:05d}.safetensors" for r in range(1, k)]
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     if parallel:  # the same transfers, all at once in a pool like the all-reduce's
         with ThreadPoolExecutor(max_workers=k) as pool:
             jobs = [pool.submit(store.put, f"raw-{run}/parallel", mine_bytes)]
@@ -103,6 +106,7 @@ def _raw_round(store, run: str, mine_bytes: bytes, k: int, *, parallel: bool) ->
         store.put(f"raw-{run}/mine", mine_bytes)
         for key in keys:
             store.get(key)
+        CPU["raw"].append(time.process_time() - cpu)
     return time.perf_counter() - t
 
 
@@ -133,11 +137,12 @@ def time_store(name: str, store, shapes, k: int, repeats: int) -> tuple[float, f
             )
 
         def allreduce(run: str = run) -> float:
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             res = object_store_allreduce(
                 store, mine, run_id=run, round_index=0, rank=0, world_size=k, deadline_s=60
             )
             seconds = time.perf_counter() - t
+            CPU["all-reduce"].append(time.process_time() - cpu)
             assert res.participants == list(range(k))
             return seconds
 
@@ -188,6 +193,11 @@ def main() -> int:
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--stores", default="local,moto,seaweedfs")
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also print this process's CPU seconds per round (local: all of it)",
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     shapes = smollm2_shapes(args.params)
@@ -236,6 +246,13 @@ def main() -> int:
                     f"| {name} | {ar:.2f} | {raw:.2f} | {ar / raw:.2f}x | {par:.2f} | {ar / par:.2f}x |",
                     flush=True,
                 )
+                if args.cpu:
+                    a, r = (sorted(CPU[k])[len(CPU[k]) // 2] for k in ("all-reduce", "raw"))
+                    print(
+                        f"  {name} CPU-s per round (median): all-reduce {a:.2f}, raw {r:.2f}, ratio {a / r:.2f}x"
+                    )
+                for v in CPU.values():
+                    v.clear()
             finally:
                 if cleanup:
                     cleanup()
