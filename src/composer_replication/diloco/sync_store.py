@@ -4,7 +4,9 @@ Each round: adopt the newest published global state if this replica is behind (r
 else load the global parameters, run the inner loop, all-reduce the pseudo-gradient through the
 store (:func:`~composer_replication.diloco.serverless.allreduce.object_store_allreduce`), take the
 outer step, and publish the new global state (parameters + outer momentum) create-only under
-``<run>/state/<round>.safetensors``. Works on every backend (local, Modal, HF Jobs, SageMaker, EKS).
+``<run>/state/<round>.safetensors`` with its digest (the first replica to get there uploads it; a
+replica that adopts a state checks the digest). Works on every backend (local, Modal, HF Jobs,
+SageMaker, EKS).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from composer_replication.diloco.inner import build_inner
 from composer_replication.diloco.outer import OuterOptimizer, params_sha256, pseudo_gradient
 from composer_replication.diloco.replica_config import ReplicaConfig
 
-__all__ = ["run_store_replica", "latest_state", "state_key"]
+__all__ = ["run_store_replica", "latest_state", "publish_state", "state_key"]
 
 
 def state_key(run_id: str, round_index: int) -> str:
@@ -28,7 +30,7 @@ def state_key(run_id: str, round_index: int) -> str:
 
 def latest_state(store: Any, run_id: str, at_least: int) -> tuple[int, dict[str, torch.Tensor]] | None:
     """The newest published global state if it is for round ``at_least`` or later (else None)."""
-    from safetensors.torch import load
+    from composer_replication.diloco.serverless.allreduce import get_tensors
 
     keys = store.list(f"{run_id}/state/")
     if not keys:
@@ -36,16 +38,22 @@ def latest_state(store: Any, run_id: str, at_least: int) -> tuple[int, dict[str,
     newest = int(keys[-1].rsplit("/", 1)[1].split(".")[0])
     if newest < at_least:
         return None
-    data, _ = store.get(keys[-1])
-    return newest, load(data)
+    return newest, get_tensors(store, keys[-1])
+
+
+def publish_state(store: Any, key: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Publish a round's global state create-only, unless another replica already has (every replica
+    holds the same bits, so one copy is enough and the others skip the upload)."""
+    from composer_replication.diloco.serverless.allreduce import put_tensors
+
+    if key not in store.list(key):
+        put_tensors(store, key, tensors)
 
 
 def run_store_replica(
     cfg: ReplicaConfig, *, rank: int, world_size: int, log: Callable[..., None]
 ) -> dict[str, Any]:
     """Run ``cfg.rounds`` outer rounds over ``cfg.store``; log a ``sync`` row per round."""
-    from safetensors.torch import save
-
     from composer_replication.diloco.serverless.allreduce import object_store_allreduce
     from composer_replication.diloco.serverless.factory import make_store
 
@@ -80,8 +88,7 @@ def run_store_replica(
             timeout_s=cfg.timeout_s,
         )
         outer.step(res.tensors)
-        state = save({k: v.contiguous() for k, v in outer.state_tensors().items()})
-        store.put_if_absent(state_key(cfg.run_id, r), state)
+        publish_state(store, state_key(cfg.run_id, r), outer.state_tensors())
         row = {
             "round": r,
             "loss": out["loss"],

@@ -51,6 +51,8 @@ __all__ = [
     "fixed_order_mean",
     "round_prefix",
     "read_object",
+    "put_tensors",
+    "get_tensors",
 ]
 
 MANIFEST = "MANIFEST.json"
@@ -144,22 +146,49 @@ def _fetch(
     return parsed, why, {**meta, "digest": sha}
 
 
-def _upload(
-    store: ObjectStore, key: str, like: Mapping[str, torch.Tensor], rank: int, weight: float
-) -> tuple[bool, str, bool]:
-    """Create this replica's upload: ``(created, "<algorithm>:<hex>", finite)``."""
-    parts = tensorfile.encode(like)
+def put_tensors(
+    store: ObjectStore,
+    key: str,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, str] | None = None,
+) -> tuple[bool, str]:
+    """Create ``key`` as the safetensors file of ``tensors`` (no copy on a streaming store), its digest
+    in the metadata: ``(created, "<algorithm>:<hex>")``."""
+    parts = tensorfile.encode(tensors)
     h = digest.new(digest.WRITE)
     for part in parts:
         h.update(part)
-    meta = {digest.WRITE: h.hexdigest(), "rank": str(rank), "weight": repr(float(weight))}
-    finite = all(tensorfile.finite(t) for t in like.values())
+    meta = {**(metadata or {}), digest.WRITE: h.hexdigest()}
     put_parts = getattr(store, "put_parts_if_absent", None)
     if put_parts is not None:
         created = put_parts(key, parts, metadata=meta)
     else:
         created = store.put_if_absent(key, b"".join(parts), metadata=meta)
-    return created, f"{digest.WRITE}:{meta[digest.WRITE]}", finite
+    return created, f"{digest.WRITE}:{meta[digest.WRITE]}"
+
+
+def get_tensors(store: ObjectStore, key: str) -> dict[str, torch.Tensor]:
+    """The tensors of ``key`` (written by :func:`put_tensors`); ``ValueError`` if its digest or
+    structure is wrong, ``KeyError`` if it does not exist."""
+    data, meta, found = read_object(store, key)
+    algorithm, declared = digest.expected(meta)
+    if found != f"{algorithm}:{declared}":
+        raise ValueError(
+            f"{key} on {store.describe()}: {algorithm} mismatch (metadata {declared!r}, content {found})"
+        )
+    try:
+        return tensorfile.decode(data)
+    except ValueError as exc:
+        raise ValueError(f"{key} on {store.describe()}: not a safetensors file: {exc}") from None
+
+
+def _upload(
+    store: ObjectStore, key: str, like: Mapping[str, torch.Tensor], rank: int, weight: float
+) -> tuple[bool, str, bool]:
+    """Create this replica's upload: ``(created, "<algorithm>:<hex>", finite)``."""
+    finite = all(tensorfile.finite(t) for t in like.values())
+    created, found = put_tensors(store, key, like, {"rank": str(rank), "weight": repr(float(weight))})
+    return created, found, finite
 
 
 def _read_manifest(store: ObjectStore, prefix: str) -> dict[str, Any] | None:

@@ -88,6 +88,8 @@ class LocalDirStore:
 
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        if base.is_file():  # the prefix is a whole key
+            return [] if base.name.startswith(".") else [prefix.rstrip("/")]
         if not base.exists():
             return []
         root = self.root
