@@ -69,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (LoRA)")
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--lora-layers", type=int, default=8,
+                   help="adapt only the last N transformer layers (backward stops below them); 0 = all")  # fmt: skip
     p.add_argument("--max-seq-len", type=int, default=256)
     p.add_argument("--sdpo-weight", type=float, default=1.0, help="alpha of the SDPO channel")
     p.add_argument("--sdpo-source", choices=("recorded", "on_policy"), default="on_policy",
@@ -78,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dpo-weight", type=float, default=0.1, help="beta of the preference channel")
     p.add_argument("--grpo-steps", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=32, help="greedy answer length at a site")
+    p.add_argument("--sandbox-new-tokens", type=int, default=48, help="greedy tokens per sandbox rollout")
     p.add_argument("--sandbox-tasks", default="", help="comma-separated bundled tasks (default: all)")
     a = p.parse_args(argv)
     for flag in ("train_sessions", "eval_sessions"):
@@ -129,7 +132,7 @@ def train_config(a: argparse.Namespace, variant: dict, seed: int, data_dir: Path
         "optimizer": {"lr": a.lr},
         "schedule": {"max_steps": a.steps, "batch_size": a.batch_size, "type": "cosine",
                      "warmup_steps": max(1, a.steps // 8)},
-        "lora": {"enabled": True, "r": a.lora_r, "alpha": 2 * a.lora_r},
+        "lora": {"enabled": True, "r": a.lora_r, "alpha": 2 * a.lora_r, "target_modules": a.lora_targets},
         "logging": {"progress": False, "plot": False},
     }  # fmt: skip
 
@@ -164,7 +167,7 @@ def measure(model, tok, sites, a) -> dict[str, Any]:
     out = sites.measure(model, greedy=bool({"valid_rate", "tool_match_rate"} & set(a.metrics)))
     if {"sandbox_reward", "sandbox_pass_rate"} & set(a.metrics):
         tasks = [t for t in a.sandbox_tasks.split(",") if t]
-        out.update(sandbox_metrics(model, tok, tasks, 64))
+        out.update(sandbox_metrics(model, tok, tasks, a.sandbox_new_tokens))
     return out
 
 
@@ -213,24 +216,51 @@ def one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work) ->
     t0 = time.time()
     if variant is None:
         return {"metrics": _clean(measure(base, tok, sites, a)), "seconds": time.time() - t0, "channels": {}}
-    cfg = build_config(train_config(a, variant, seed, work))
-    seed_everything(seed, True)
-    model = apply_lora(copy.deepcopy(base), cfg)
-    model.train()
-    stepper = OfflineStepper(
-        cfg, model, tok, torch.device("cpu"), train_traces=train_traces, train_pairs=train_pairs
-    )
-    log = [stepper.step() for _ in range(cfg.schedule.max_steps)]
-    channels = {k: statistics.fmean(r.get(k, 0.0) for r in log) for k in log[0] if k.startswith("loss/")}
+    key = json.dumps([{k: v for k, v in variant.items() if k != "grpo"}, seed], sort_keys=True)
+    if key in _TRAINED:  # the GRPO variant continues the full recipe's adapter of the same seed
+        model, info = _TRAINED[key]
+    else:
+        cfg = build_config(train_config(a, variant, seed, work))
+        seed_everything(seed, True)
+        model = apply_lora(copy.deepcopy(base), cfg)
+        model.train()
+        stepper = OfflineStepper(
+            cfg, model, tok, torch.device("cpu"), train_traces=train_traces, train_pairs=train_pairs
+        )
+        log = [stepper.step() for _ in range(cfg.schedule.max_steps)]
+        info = {
+            "channels": {
+                k: statistics.fmean(r.get(k, 0.0) for r in log) for k in log[0] if k.startswith("loss/")
+            },
+            "first_loss": log[0]["loss/total"],
+            "last_loss": log[-1]["loss/total"],
+            "train_seconds": time.time() - t0,
+        }
+        _TRAINED.clear()
+        _TRAINED[key] = (model, info)
     if variant.get("grpo"):
         model = grpo_phase(model, tok, a, seed, work)
+    t1 = time.time()
     metrics = measure(model, tok, sites, a)
-    return {"metrics": _clean(metrics), "seconds": time.time() - t0, "channels": channels,
-            "first_loss": log[0]["loss/total"], "last_loss": log[-1]["loss/total"]}  # fmt: skip
+    return {"metrics": _clean(metrics), "seconds": time.time() - t0, "eval_seconds": time.time() - t1, **info}
+
+
+_TRAINED: dict[str, tuple[Any, dict]] = {}  # the last trained adapter (the GRPO variant starts from it)
+
+
+def lora_targets(model: Any, last: int) -> str:
+    """PEFT ``target_modules``: every linear layer, or (``last > 0``) those of the last ``last`` blocks."""
+    n = int(model.config.num_hidden_layers)
+    if last <= 0 or last >= n:
+        return "all-linear"
+    ids = "|".join(str(i) for i in range(n - last, n))
+    return rf".*\.layers\.({ids})\.(self_attn|mlp)\.\w+_proj"
 
 
 def _clean(m: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in m.items() if k != "answers"} | {"answers": m.get("answers", [])[:40]}  # per_site kept
+    return {k: v for k, v in m.items() if k != "answers"} | {
+        "answers": m.get("answers", [])[:40]
+    }  # per_site kept
 
 
 def summarise(runs: dict[str, list[dict]], metrics: list[str]) -> dict[str, dict]:
@@ -277,28 +307,32 @@ def main(argv: list[str] | None = None) -> int:
         build_config({"model": {"path": a.model}, "data": {"traces": str(work / "traces.jsonl")}}),
         torch.device("cpu"),
     )
-    sites = SiteSet(tok, error_sites(eval_traces), pairs=recovery_pairs(eval_traces), max_len=a.max_seq_len,
+    a.lora_targets = lora_targets(base, a.lora_layers)
+    eval_sites = error_sites(eval_traces, need_hint=False)
+    sites = SiteSet(tok, eval_sites, pairs=recovery_pairs(eval_traces), max_len=a.max_seq_len,
                     max_new_tokens=a.max_new_tokens, tools_by_trace=eval_tools)  # fmt: skip
     cache_path = out.with_suffix(".runs.jsonl")
     cache = {r["key"]: r for r in read_jsonl(cache_path)} if cache_path.exists() else {}
     runs: dict[str, list[dict]] = {}
+    # seed-major, so that the GRPO variant continues the same seed's full recipe without retraining it
+    order = [(n, s) for s in range(a.seeds) for n in a.variants if VARIANTS[n] or s == 0]
     with JsonlAppender(cache_path) as log:
-        for name in a.variants:
-            for seed in range(a.seeds if VARIANTS[name] else 1):
-                key = run_key(a, name, seed, data_hash)
-                if key not in cache:
-                    res = one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work)
-                    cache[key] = {"key": key, "variant": name, "seed": seed, **res}
-                    log.write(cache[key])
-                    print(f"{name} seed {seed}: {json.dumps({m: cache[key]['metrics'].get(m) for m in a.metrics})} "
-                          f"({res['seconds']:.0f}s)", flush=True)  # fmt: skip
-                runs.setdefault(name, []).append(cache[key])
+        for name, seed in order:
+            key = run_key(a, name, seed, data_hash)
+            if key not in cache:
+                res = one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work)
+                cache[key] = {"key": key, "variant": name, "seed": seed, **res}
+                log.write(cache[key])
+                shown = {m: cache[key]["metrics"].get(m) for m in a.metrics}
+                print(f"{name} seed {seed}: {json.dumps(shown)} ({res['seconds']:.0f}s)", flush=True)
+            runs.setdefault(name, []).append(cache[key])
+    runs = {n: runs[n] for n in a.variants if n in runs}
     config = {k: v for k, v in vars(a).items() if k not in ("out",)}
     config.update(
-        n_sites=len(sites), n_eval_pairs=len(sites.pairs), n_train_traces=len(train_traces),
-        n_train_pairs=len(train_pairs), n_train_sites=len(error_sites(train_traces)),
-        runs_file=str(cache_path), seconds=round(time.time() - t_start, 1),
-        channels={n: rs[0].get("channels", {}) for n, rs in runs.items()},
+        n_sites=len(sites), n_hinted_sites=sum(r.hinted is not None for r in sites.rows),
+        n_eval_pairs=len(sites.pair_rows), n_train_traces=len(train_traces), n_train_pairs=len(train_pairs),
+        n_train_sites=len(error_sites(train_traces)), runs_file=str(cache_path),
+        seconds=round(time.time() - t_start, 1), channels={n: rs[0].get("channels", {}) for n, rs in runs.items()},
         grpo_builder="pipeline.grpo_phase.train_grpo_on_tasks (reward: tests pass 1/0; no shaped reward yet)",
     )  # fmt: skip
     atomic_write_json(out, {"variants": summarise(runs, a.metrics), "config": config})

@@ -162,3 +162,19 @@ def test_on_policy_needs_error_sites(small_data, tmp_path):
     cfg = _on_policy_cfg(small_data, data={"traces": str(tmp_path / "t.jsonl")})
     with pytest.raises(ValueError, match="on_policy needs error sites"):
         train_offline(cfg, out_dir=tmp_path / "run")
+
+
+def test_sites_without_a_hint_are_kept_only_on_request(ingested):
+    traces = rows(ingested / "traces.jsonl")
+    n = len(op.error_sites(traces))
+    # the user rejected the first failed call: hint_generator has no template for that (the user said stop)
+    t = next(t for t in traces if any(x.get("tool_error") is not None for x in t["turns"]))
+    first = dict(next(x for x in t["turns"] if x.get("tool_error") is not None))
+    for turn in (x for tr in traces for x in tr["turns"] if x == first):  # overlapping windows repeat it
+        turn["error_meta"] = {**(turn.get("error_meta") or {}), "error_kind": "user_rejected"}
+    hinted, every = op.error_sites(traces), op.error_sites(traces, need_hint=False)
+    bare = [s for s in every if s.hint is None]
+    assert len(bare) == 1 and len(hinted) == n - 1 and len(every) == n
+    assert bare[0].error_kind == "user_rejected"
+    with pytest.raises(ValueError, match="has no hint"):
+        op.site_messages(bare[0], hinted=True)

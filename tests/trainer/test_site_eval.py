@@ -46,7 +46,7 @@ def test_jsd_is_zero_when_the_hint_adds_nothing(traces, tiny_model, tiny_tokeniz
     same = [dataclasses.replace(s, hint="") for s in sites]
     ss = SiteSet(tiny_tokenizer, same, max_len=160)
     for r in ss.rows:
-        r.teacher = list(r.student)
+        r.hinted = list(r.prompt)
     assert ss.measure(tiny_model, greedy=False)["hinted_jsd"] == pytest.approx(0.0, abs=1e-7)
 
 
@@ -64,9 +64,31 @@ def test_greedy_answers_and_rates(traces, tiny_model, tiny_tokenizer):
         )[0, ids.shape[1] :]  # fmt: skip
         assert answer == tiny_tokenizer.decode(ref, skip_special_tokens=True)
     assert 0 <= m["tool_match_rate"] <= m["valid_rate"] <= 1
-    assert m["n_pairs"] == 3 and m["pref_accuracy"] in (0.0, 1 / 3, 2 / 3, 1.0)
+    wins = 0
+    for p in ss.pair_rows:  # mean token log-prob of each response after the shared prompt, one forward each
+        mean = {}
+        for side in ("chosen", "rejected"):
+            resp = getattr(p, side)
+            ids = torch.tensor([p.prompt + resp])
+            with torch.no_grad():
+                logits = tiny_model(input_ids=ids).logits[0, len(p.prompt) - 1 : -1]
+            mean[side] = -float(F.cross_entropy(logits, torch.tensor(resp)))
+        wins += mean["chosen"] > mean["rejected"]
+    assert m["n_pairs"] == 3 and m["pref_accuracy"] == pytest.approx(wins / 3)
 
 
 def test_no_sites_is_an_error(tiny_tokenizer):
     with pytest.raises(ValueError, match="no held-out error sites"):
         SiteSet(tiny_tokenizer, [])
+
+
+def test_sites_without_a_hint_count_for_ce_but_not_for_jsd(traces, tiny_model, tiny_tokenizer):
+    every = error_sites(traces)
+    bare = [dataclasses.replace(every[0], hint=None, error_kind="user_rejected")]
+    hinted = every[1:3]
+    mixed = SiteSet(tiny_tokenizer, bare + hinted, max_len=160).measure(tiny_model, greedy=False)
+    only = SiteSet(tiny_tokenizer, hinted, max_len=160).measure(tiny_model, greedy=False)
+    assert "valid_rate" not in mixed
+    assert mixed["n_hinted_sites"] == 2 and len(mixed["per_site"]["recovery_ce"]) == 3
+    assert mixed["per_site"]["hinted_jsd"] == pytest.approx(only["per_site"]["hinted_jsd"], rel=1e-5)
+    assert mixed["per_site"]["recovery_ce"][1:] == pytest.approx(only["per_site"]["recovery_ce"], rel=1e-5)

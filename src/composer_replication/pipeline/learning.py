@@ -53,7 +53,7 @@ def site_comparison(
     from composer_replication.trainer.onpolicy import error_sites
     from composer_replication.trainer.site_eval import SiteSet
 
-    sites = error_sites(traces)
+    sites = error_sites(traces, need_hint=False)
     if not sites:
         return None
     tok = load_tokenizer(after_dir)
@@ -65,7 +65,7 @@ def site_comparison(
         del model
     return {
         "n_sites": len(ss),
-        "metrics": {m: paired(per["before"][m], per["after"][m]) for m in HEADLINE},
+        "metrics": {m: paired(per["before"][m], per["after"][m]) for m in HEADLINE if per["before"][m]},
         "per_site": per,
         "site_ids": [r.site.site_id for r in ss.rows],
     }
@@ -94,6 +94,8 @@ def headline(sites: dict[str, Any] | None) -> tuple[list[str], list[str]]:
         return ["No held-out error sites: nothing to compare before and after."], []
     lines, fell = [], []
     for m, lower_better in HEADLINE.items():
+        if m not in sites["metrics"]:
+            continue
         s = sites["metrics"][m]
         worse = s["delta"] > 0 if lower_better else s["delta"] < 0
         lo, hi = s["delta_ci95"]

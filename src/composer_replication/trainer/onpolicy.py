@@ -33,16 +33,21 @@ class ErrorSite:
 
     site_id: str
     turns: tuple[dict, ...]
-    hint: str
+    hint: str | None  # None: no template for this error kind (e.g. the user rejected the call)
     recovery: str
     error_kind: str
     tools: tuple[str, ...] = ()  # the session's tools, named in the system message (``wire``)
 
 
-def error_sites(traces: Sequence[dict], hint_generator: Callable[[str, dict], str | None] | None = None):
-    """Every error site of ``traces`` that has a recorded recovery and a hint, deduplicated across
-    overlapping trace windows. A site is the history up to the first assistant turn after a failed tool
-    call; its hint comes from the last failure before that turn (as in the collator)."""
+def error_sites(
+    traces: Sequence[dict],
+    hint_generator: Callable[[str, dict], str | None] | None = None,
+    *,
+    need_hint: bool = True,
+) -> list[ErrorSite]:
+    """Every error site of ``traces`` with a recorded recovery (and a hint, unless ``need_hint=False``),
+    deduplicated across overlapping trace windows. A site is the history up to the first assistant turn
+    after a failed tool call; its hint comes from the last failure before that turn (as in the collator)."""
     if hint_generator is None:
         from composer_replication.hint_generator import hint_for_error
 
@@ -66,7 +71,7 @@ def error_sites(traces: Sequence[dict], hint_generator: Callable[[str, dict], st
             kind = str(meta.get("error_kind") or "runtime_error")
             hint = hint_generator(kind, meta)
             recovery = str(turn.get("content") or "")
-            if not hint or not recovery.strip():
+            if (need_hint and not hint) or not recovery.strip():
                 continue
             blob = json.dumps([turns[max(0, j - 4) : j], recovery], sort_keys=True, default=str)
             key = hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -75,7 +80,7 @@ def error_sites(traces: Sequence[dict], hint_generator: Callable[[str, dict], st
             seen.add(key)
             sid = f"{trace.get('trace_id')}::{key}"
             tools = tuple(wire.trace_tools(trace))
-            out.append(ErrorSite(sid, tuple(turns[:j]), hint, recovery, kind, tools))
+            out.append(ErrorSite(sid, tuple(turns[:j]), hint or None, recovery, kind, tools))
     return out
 
 
@@ -83,7 +88,11 @@ def site_messages(site: ErrorSite, *, hinted: bool) -> list[dict]:
     """Chat messages of the history at ``site`` in the ``wire`` format (the system message with the
     session's tools, then the turns); ``hinted`` appends the hint to the error message."""
     msgs, _ = wire.turns_to_messages(site.turns, wire.system_text(site.tools))
-    return wire.add_hint(msgs, site.hint) if hinted else msgs
+    if not hinted:
+        return msgs
+    if not site.hint:
+        raise ValueError(f"site {site.site_id} has no hint (error kind {site.error_kind})")
+    return wire.add_hint(msgs, site.hint)
 
 
 def prompt_ids(tok: Any, messages: list[dict], max_len: int) -> list[int]:
@@ -91,7 +100,99 @@ def prompt_ids(tok: Any, messages: list[dict], max_len: int) -> list[int]:
     return encoding.render_prompt_ids(tok, messages)[-max_len:]
 
 
+@dataclass
+class Prefill:
+    """A left-padded batch of prompts run once with a KV cache: the next-token logits of every prompt,
+    the cache, the attention mask and the last position ids (what decoding and scoring continue from)."""
+
+    logits: torch.Tensor  # (B, V) float32, predicting each prompt's next token
+    cache: Any
+    attn: torch.Tensor  # (B, P)
+    pos: torch.Tensor  # (B, 1) position id of each prompt's last token
+
+
 @torch.no_grad()
+def prefill(model: Any, prompts: Sequence[Sequence[int]], pad_id: int) -> Prefill:
+    """Run ``prompts`` (left-padded into one batch) through ``model`` once, keeping the KV cache."""
+    dev = next(model.parameters()).device
+    ids = encoding.pad_rows(prompts, pad_id, left=True).to(dev)
+    attn = encoding.pad_rows([[1] * len(p) for p in prompts], 0, left=True).to(dev)
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+    return Prefill(out.logits[:, -1].float(), out.cache, attn, pos[:, -1:])
+
+
+@torch.no_grad()
+def continuation_logits(
+    model: Any, pre: Prefill, conts: Sequence[Sequence[int]], pad_id: int
+) -> torch.Tensor:
+    """``(B, R, V)`` float32 logits predicting each continuation's tokens after its prompt (teacher
+    forcing from a copy of ``pre``'s cache; ``R`` = the longest continuation, rows right-padded)."""
+    import copy
+
+    dev = pre.attn.device
+    width = max(len(c) for c in conts)
+    if width <= 1:
+        return pre.logits[:, None]
+    ids = torch.full((len(conts), width - 1), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(conts), width - 1), dtype=torch.long)
+    for i, c in enumerate(conts):  # the last token of a continuation predicts nothing we score
+        body = list(c)[:-1]
+        if body:
+            ids[i, : len(body)] = torch.tensor(body, dtype=torch.long)
+            mask[i, : len(body)] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+    pos = pre.pos + torch.arange(1, width, device=dev)[None]
+    out = model(
+        input_ids=ids,
+        attention_mask=torch.cat([pre.attn, mask], -1),
+        position_ids=pos,
+        cache=copy.deepcopy(pre.cache),
+        use_cache=True,
+    )
+    return torch.cat([pre.logits[:, None], out.logits.float()], 1)
+
+
+@torch.no_grad()
+def decode(
+    model: Any,
+    pre: Prefill,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    eos_ids: Sequence[int],
+    generator: torch.Generator | None = None,
+) -> list[list[int]]:
+    """Continue every prompt of ``pre`` (its cache is consumed): up to ``max_new_tokens`` each, ending
+    at an EOS id (kept). ``temperature == 0`` is greedy; otherwise tokens are drawn from
+    ``softmax(logits / temperature)`` with ``generator`` (the global RNG is not touched)."""
+    dev = pre.attn.device
+    eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=dev)
+    n = pre.logits.shape[0]
+    logits, cache, attn, pos = pre.logits, pre.cache, pre.attn, pre.pos
+    done = torch.zeros(n, dtype=torch.bool, device=dev)
+    seqs: list[list[int]] = [[] for _ in range(n)]
+    for step in range(max_new_tokens):
+        if temperature == 0:
+            nxt = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits / temperature, -1).cpu()
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(dev)
+        for i in range(n):
+            if not done[i]:
+                seqs[i].append(int(nxt[i]))
+        done |= torch.isin(nxt, eos)
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)
+        pos = pos + 1
+        out = model(
+            input_ids=nxt[:, None], attention_mask=attn, position_ids=pos, cache=cache, use_cache=True
+        )
+        logits, cache = out.logits[:, -1].float(), out.cache
+    return seqs
+
+
 def sample(
     model: Any,
     prompts: Sequence[Sequence[int]],
@@ -102,45 +203,18 @@ def sample(
     pad_id: int,
     generator: torch.Generator | None = None,
 ) -> list[list[int]]:
-    """Continuations of ``prompts`` (left-padded into one batch, KV cache), each ending at an EOS id
-    (kept) or after ``max_new_tokens``. ``temperature == 0`` is greedy; otherwise tokens are drawn from
-    ``softmax(logits / temperature)`` with ``generator`` (the global RNG is not touched)."""
+    """Continuations of ``prompts`` (left-padded into one batch, KV cache): :func:`prefill`, then
+    :func:`decode`, in eval mode."""
     if not prompts:
         return []
     was_training = model.training
     model.eval()
-    dev = next(model.parameters()).device
-    ids = encoding.pad_rows(prompts, pad_id, left=True).to(dev)
-    attn = encoding.pad_rows([[1] * len(p) for p in prompts], 0, left=True).to(dev)
-    pos = (attn.cumsum(-1) - 1).clamp_min(0)
-    eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=dev)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
-    done = torch.zeros(len(prompts), dtype=torch.bool, device=dev)
-    seqs: list[list[int]] = [[] for _ in prompts]
-    for step in range(max_new_tokens):
-        logits = out.logits[:, -1].float()
-        if temperature == 0:
-            nxt = logits.argmax(-1)
-        else:
-            probs = torch.softmax(logits / temperature, -1).cpu()
-            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(dev)
-        for i in range(len(prompts)):
-            if not done[i]:
-                seqs[i].append(int(nxt[i]))
-        done |= torch.isin(nxt, eos)
-        if bool(done.all()) or step == max_new_tokens - 1:
-            break
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)
-        pos = pos[:, -1:] + 1
-        out = model(
-            input_ids=nxt[:, None],
-            attention_mask=attn,
-            position_ids=pos,
-            cache=out.cache,
-            use_cache=True,
-        )
-    model.train(was_training)
-    return seqs
+    try:
+        pre = prefill(model, prompts, pad_id)
+        return decode(model, pre, max_new_tokens=max_new_tokens, temperature=temperature, eos_ids=eos_ids,
+                      generator=generator)  # fmt: skip
+    finally:
+        model.train(was_training)
 
 
 def eos_token_ids(tok: Any) -> list[int]:

@@ -8,7 +8,7 @@ sites once; :meth:`SiteSet.measure` scores one model:
   over the site's tokens, then over sites (every site counts once, however long its recovery).
 - ``hinted_jsd``: generalized JSD (beta 0.5) between the model without the hint and the same model given
   the hint, on the same recovery tokens (mean over tokens, then sites): how much of the hint the model
-  has absorbed.
+  has absorbed. Only at sites with a hint (``n_hinted_sites``; a rejected tool call has none).
 - ``valid_rate`` / ``tool_match_rate``: the greedy answer at the site, parsed with
   ``teacher_replay.actions`` and scored by ``wire.score_action``: a well-formed action; and a
   well-formed action calling the same tools as the recorded recovery.
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from composer_replication.encoding import pad_rows
-from composer_replication.trainer.onpolicy import ErrorSite, prompt_ids, sample, site_messages
+from composer_replication import encoding
+from composer_replication.trainer.onpolicy import ErrorSite, prompt_ids, site_messages
 
 METRICS = ("recovery_ce", "hinted_jsd", "valid_rate", "tool_match_rate", "pref_accuracy")
 
@@ -37,11 +37,17 @@ METRICS = ("recovery_ce", "hinted_jsd", "valid_rate", "tool_match_rate", "pref_a
 @dataclass
 class _Row:
     site: ErrorSite
-    student: list[int]  # history + recovery
-    teacher: list[int]  # hinted history + the same recovery
-    n_rec: int  # recovery tokens at the end of both rows
-    prompt: list[int]  # history + generation prompt, for greedy answers
+    prompt: list[int]  # history + generation prompt (greedy answers start here too)
+    hinted: list[int] | None  # the hinted history + generation prompt (None: the site has no hint)
+    rec: list[int]  # the recorded recovery's tokens (capped)
     tools: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Pair:
+    prompt: list[int]
+    chosen: list[int]
+    rejected: list[int]
 
 
 def recovery_ids(tok: Any, messages: list[dict], recovery: str) -> list[int]:
@@ -54,11 +60,14 @@ def recovery_ids(tok: Any, messages: list[dict], recovery: str) -> list[int]:
 
 
 class SiteSet:
-    """Held-out error sites, tokenised once for :meth:`measure`.
+    """Held-out error sites (and recovery pairs), tokenised once for :meth:`measure`.
 
-    ``max_len`` caps each scored row (history cut from the left); ``max_recovery`` caps the recovery
-    tokens scored per site; ``max_new_tokens`` is the greedy answer length; ``tools_by_trace`` gives each
-    session's tool names (an answer naming another tool is not valid).
+    ``max_len`` caps each scored row, prompt plus response (history cut from the left); ``max_recovery``
+    caps the recovery (and pair response) tokens scored; ``max_new_tokens`` is the greedy answer length;
+    ``tools_by_trace`` gives each session's tool names (an answer naming another tool is not valid).
+    Each prompt runs through the model once (``onpolicy.prefill``): the recovery is scored from a copy
+    of its KV cache and the greedy answer decodes from it, so a site costs one history forward (two
+    with a hint), and a pair one.
     """
 
     def __init__(
@@ -73,70 +82,80 @@ class SiteSet:
         tools_by_trace: dict[str, list[str]] | None = None,
         batch_size: int = 4,
     ) -> None:
+        from composer_replication.trainer import pair_tokens
+
         if not sites:
             raise ValueError("no held-out error sites: the evaluation sessions hold no failed tool call")
         self.tok, self.pairs, self.max_len = tok, list(pairs), max_len
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
-        self.pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        self.pad = encoding.pad_id(tok)
         self.rows: list[_Row] = []
         for s in sites:
             msgs = site_messages(s, hinted=False)
             rec = recovery_ids(tok, msgs, s.recovery)[:max_recovery]
             room = max(8, max_len - len(rec))
-            student = prompt_ids(tok, msgs, room) + rec
-            teacher = prompt_ids(tok, site_messages(s, hinted=True), room) + rec
-            trace = s.site_id.rsplit("::", 1)[0]
-            tools = list((tools_by_trace or {}).get(trace, []))
-            self.rows.append(_Row(s, student, teacher, len(rec), prompt_ids(tok, msgs, max_len), tools))
+            hinted = prompt_ids(tok, site_messages(s, hinted=True), room) if s.hint else None
+            tools = list((tools_by_trace or {}).get(s.site_id.rsplit("::", 1)[0], []))
+            self.rows.append(_Row(s, prompt_ids(tok, msgs, room), hinted, rec, tools))
+        eos = tok.eos_token or ""
+        self.pair_rows: list[_Pair] = []
+        for p in self.pairs:
+            _, messages, chosen, rejected = pair_tokens.pair_fields(p)
+            c, r = (
+                list(tok(t + eos, add_special_tokens=False)["input_ids"])[:max_recovery]
+                for t in (chosen, rejected)
+            )
+            prompt = encoding.render_prompt_ids(tok, messages)[-max(8, max_len - max(len(c), len(r))) :]
+            self.pair_rows.append(_Pair(prompt, c, r))
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    def _chunks(self, items: list) -> list[list]:
+        return [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
+
     @torch.no_grad()
-    def _ce_jsd(self, model: Any) -> dict[str, Any]:
-        from composer_replication.loss import model_logits, token_logprobs
+    def _sites(self, model: Any, greedy: bool) -> dict[str, Any]:
+        from composer_replication.loss import token_logprobs
         from composer_replication.opsd import generalized_jsd_loss
+        from composer_replication.trainer.onpolicy import continuation_logits, decode, eos_token_ids, prefill
 
         dev = next(model.parameters()).device
-        ce, jsd_l, n = [], [], 0
-        for i in range(0, len(self.rows), self.batch_size):
-            chunk = self.rows[i : i + self.batch_size]
-            s_ids, s_att = _pad([r.student for r in chunk], self.pad)
-            t_ids, t_att = _pad([r.teacher for r in chunk], self.pad)
-            s_log = model_logits(model, s_ids.to(dev), s_att.to(dev)).float()
-            t_log = model_logits(model, t_ids.to(dev), t_att.to(dev)).float()
+        eos = eos_token_ids(self.tok)
+        ce, jsd, answers, n = [], [], [], 0
+        for chunk in self._chunks(self.rows):
+            recs = [r.rec for r in chunk]
+            pre = prefill(model, [r.prompt for r in chunk], self.pad)
+            s_log = continuation_logits(model, pre, recs, self.pad)
+            hinted = [k for k, r in enumerate(chunk) if r.hinted is not None]
+            if hinted:
+                pre_t = prefill(model, [chunk[k].hinted for k in hinted], self.pad)
+                t_log = continuation_logits(model, pre_t, [recs[k] for k in hinted], self.pad)
             for b, r in enumerate(chunk):
-                ls, lt = len(r.student), len(r.teacher)
-                s_rows = s_log[b, ls - r.n_rec - 1 : ls - 1]  # the rows predicting the recovery tokens
-                t_rows = t_log[b, lt - r.n_rec - 1 : lt - 1]
-                labels = s_ids[b, ls - r.n_rec : ls].to(dev)
-                ce.append(-float(token_logprobs(s_rows[None], labels[None]).mean()))
-                jsd_l.append(float(generalized_jsd_loss(s_rows[None], t_rows[None], beta=0.5)))
-                n += r.n_rec
-        return {
+                rows = s_log[b, : len(r.rec)]
+                labels = torch.tensor(r.rec, device=dev)
+                ce.append(-float(token_logprobs(rows[None], labels[None]).mean()))
+                n += len(r.rec)
+                if b in hinted:
+                    t_rows = t_log[hinted.index(b), : len(r.rec)]
+                    jsd.append(float(generalized_jsd_loss(rows[None], t_rows[None], beta=0.5)))
+            if greedy:
+                ids = decode(model, pre, max_new_tokens=self.max_new_tokens, temperature=0, eos_ids=eos)
+                answers += [self.tok.decode(x, skip_special_tokens=True) for x in ids]
+        out: dict[str, Any] = {
             "recovery_ce": sum(ce) / len(ce),
-            "hinted_jsd": sum(jsd_l) / len(jsd_l),
+            "hinted_jsd": sum(jsd) / len(jsd) if jsd else None,
             "n_recovery_tokens": float(n),
-            "per_site": {"recovery_ce": ce, "hinted_jsd": jsd_l},
+            "n_hinted_sites": float(len(jsd)),
+            "per_site": {"recovery_ce": ce, "hinted_jsd": jsd},
         }
-
-    def greedy_answers(self, model: Any, eos_ids: Sequence[int]) -> list[str]:
-        """The model's greedy answer at every site (batched, KV cache)."""
-        out: list[str] = []
-        for i in range(0, len(self.rows), self.batch_size * 2):
-            chunk = self.rows[i : i + self.batch_size * 2]
-            ids = sample(
-                model, [r.prompt for r in chunk], max_new_tokens=self.max_new_tokens, temperature=0,
-                eos_ids=eos_ids, pad_id=self.pad,
-            )  # fmt: skip
-            out += [self.tok.decode(x, skip_special_tokens=True) for x in ids]
+        if greedy:
+            out.update(self._score(answers))
         return out
 
-    def _actions(self, model: Any) -> dict[str, Any]:
-        from composer_replication.trainer.onpolicy import eos_token_ids
+    def _score(self, answers: list[str]) -> dict[str, Any]:
         from composer_replication.wire import score_action
 
-        answers = self.greedy_answers(model, eos_token_ids(self.tok))
         scores = [
             score_action(a, {"student_action": r.site.recovery, "tools": r.tools})
             for a, r in zip(answers, self.rows, strict=True)
@@ -148,41 +167,43 @@ class SiteSet:
             "tool_match_rate": sum(match) / len(match),
             "n_sites": float(len(scores)),
             "answers": answers,
-            "per_site": {"valid_rate": valid, "tool_match_rate": match},
+            "per_site_actions": {"valid_rate": valid, "tool_match_rate": match},
         }
 
     @torch.no_grad()
     def _pref(self, model: Any) -> dict[str, float]:
-        from composer_replication.loss import sequence_logprobs
-        from composer_replication.trainer import pair_tokens
+        from composer_replication.loss import token_logprobs
+        from composer_replication.trainer.onpolicy import continuation_logits, prefill
 
         dev = next(model.parameters()).device
         wins = 0
-        for i in range(0, len(self.pairs), self.batch_size):
-            enc = pair_tokens.encode_pairs(self.tok, self.pairs[i : i + self.batch_size], self.max_len)
+        for chunk in self._chunks(self.pair_rows):
+            pre = prefill(model, [p.prompt for p in chunk], self.pad)
             avg = {}
             for side in ("chosen", "rejected"):
-                ids, mask = enc[f"dpo_{side}_input_ids"].to(dev), enc[f"dpo_{side}_response_mask"].to(dev)
-                avg[side] = sequence_logprobs(model, ids, mask, average=True).float().cpu()
-            wins += int((avg["chosen"] > avg["rejected"]).sum())
-        return {"pref_accuracy": wins / len(self.pairs), "n_pairs": float(len(self.pairs))}
+                resp = [getattr(p, side) for p in chunk]
+                logits = continuation_logits(model, pre, resp, self.pad)
+                avg[side] = [
+                    float(token_logprobs(logits[b, : len(x)][None], torch.tensor([x], device=dev)).mean())
+                    for b, x in enumerate(resp)
+                ]
+            wins += sum(c > r for c, r in zip(avg["chosen"], avg["rejected"], strict=True))
+        return {"pref_accuracy": wins / len(self.pair_rows), "n_pairs": float(len(self.pair_rows))}
 
     def measure(self, model: Any, *, greedy: bool = True) -> dict[str, Any]:
         """All metrics for ``model`` (``answers`` holds the greedy answers, in site order)."""
         was_training = model.training
         model.eval()
         try:
-            out: dict[str, Any] = self._ce_jsd(model)
+            out: dict[str, Any] = self._sites(model, greedy)
             if greedy:
-                actions = self._actions(model)
-                per_site = {**out["per_site"], **actions.pop("per_site")}
-                out.update(actions, per_site=per_site)
-            if self.pairs:
+                out["per_site"].update(out.pop("per_site_actions"))
+            if self.pair_rows:
                 out.update(self._pref(model))
         finally:
             model.train(was_training)
         return out
 
-
-def _pad(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return pad_rows(seqs, pad), pad_rows([[1] * len(s) for s in seqs], 0)
+    def greedy_answers(self, model: Any) -> list[str]:
+        """The model's greedy answer at every site (batched, KV cache)."""
+        return self.measure(model)["answers"]
