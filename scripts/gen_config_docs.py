@@ -3,7 +3,7 @@
 
     python3 scripts/gen_config_docs.py > docs/configuration.md
 
-Covers the run config (``composer_replication.pipeline.config.RunConfig``, read by
+Covers the run config (``composer_replication.config.RunConfig``, read by
 ``composer-replication run``), which embeds the trainer's ``TrainConfig`` under ``train``. A test checks
 that the committed file equals this script's output.
 """
@@ -97,7 +97,7 @@ def _section(model: type[BaseModel], path: str, out: list[str], seen: set[str]) 
 
 
 def main() -> int:
-    from composer_replication.pipeline.config import RunConfig
+    from composer_replication.config import RunConfig
 
     out = [
         "# Configuration reference",

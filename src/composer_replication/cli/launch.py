@@ -64,7 +64,7 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 def _load(path: str) -> dict[str, Any]:
     """The validated replica config as JSON-able data (errors name the file and the field)."""
-    from composer_replication.diloco.replica_config import load_replica_config
+    from composer_replication.config.replica import load_replica_config
 
     return load_replica_config(path).model_dump(mode="json")
 

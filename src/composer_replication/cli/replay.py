@@ -101,7 +101,7 @@ def load_teachers(args: argparse.Namespace) -> list[dict[str, Any]]:
     else:
         teachers = [dict(t) for t in DEFAULT_TEACHERS]
     if args.base_url:
-        from composer_replication.teacher_replay.backends.openai_compat import check_base_url
+        from composer_replication.config.base import check_base_url
 
         check_base_url(args.base_url, "--base-url")
         for t in teachers:

@@ -19,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_kind(path: str | Path) -> str:
     """``"run"`` or ``"train"``: which kind of config ``path`` holds (by its top-level keys)."""
     from composer_replication.config import TrainConfig, read_config_file
-    from composer_replication.pipeline.config import RunConfig
+    from composer_replication.config.run import RunConfig
 
     p = Path(path)
     if not p.is_file():
@@ -30,7 +30,7 @@ def config_kind(path: str | Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if config_kind(args.config) == "run":
-        from composer_replication.pipeline.config import load_run_config
+        from composer_replication.config.run import load_run_config
 
         rc = load_run_config(args.config)
         if args.show:

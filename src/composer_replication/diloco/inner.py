@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from composer_replication.diloco.replica_config import ReplicaConfig
+from composer_replication.config.replica import ReplicaConfig
 from composer_replication.diloco.synthetic import make_batch
 
 __all__ = ["build_replica", "inner_step", "inner_steps", "LmCeInner", "OfflineInner", "build_inner"]

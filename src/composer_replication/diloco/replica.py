@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from composer_replication.diloco.replica_config import ReplicaConfig, parse_replica_config
+from composer_replication.config.replica import ReplicaConfig, parse_replica_config
 
 __all__ = ["run_replica", "ReplicaLog"]
 

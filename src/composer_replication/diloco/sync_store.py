@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from composer_replication.config.replica import ReplicaConfig
 from composer_replication.diloco.inner import build_inner
 from composer_replication.diloco.outer import OuterOptimizer, params_sha256, pseudo_gradient
-from composer_replication.diloco.replica_config import ReplicaConfig
 
 __all__ = ["run_store_replica", "latest_state", "publish_state", "state_key"]
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from composer_replication.config.replica import ReplicaConfig
 from composer_replication.diloco.inner import build_replica, inner_step
 from composer_replication.diloco.outer import params_sha256
-from composer_replication.diloco.replica_config import ReplicaConfig
 from composer_replication.diloco.synthetic import make_batch
 
 __all__ = ["run_torchft_replica"]

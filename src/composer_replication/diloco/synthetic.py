@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from composer_replication.diloco.replica_config import ReplicaConfig
+from composer_replication.config.replica import ReplicaConfig
 
 __all__ = ["make_batch"]
 

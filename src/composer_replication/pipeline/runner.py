@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication._lock import directory_lock
-from composer_replication.pipeline.config import RunConfig
+from composer_replication.config.run import RunConfig
 from composer_replication.pipeline.manifest import Manifest, hash_path
 
 CRASH_ENV = "COMPOSER_REPLICATION_CRASH_AT"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication._io import atomic_write_json, read_jsonl, write_jsonl_atomic
-from composer_replication.pipeline.config import RunConfig
+from composer_replication.config.run import RunConfig
 from composer_replication.pipeline.runner import RunContext, Runner, Stage
 from composer_replication.pipeline.training import (
     final_model_dir,

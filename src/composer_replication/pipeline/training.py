@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from composer_replication.config.run import ModelSpec
 from composer_replication.models import resolve_model
-from composer_replication.pipeline.config import ModelSpec
 from composer_replication.pipeline.runner import RunContext
 
 # ----------------------------------------------------------------------------- models

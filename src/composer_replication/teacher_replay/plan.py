@@ -67,7 +67,7 @@ def _validate_spec(spec: TeacherSpec) -> None:
                 f"teacher {spec['slug']!r}: {k} is {v!r}; a price must be a finite number >= 0 (USD per million tokens)"
             )
     if spec.get("backend", "openai") == "openai" and "base_url" in spec:
-        from .backends.openai_compat import check_base_url
+        from composer_replication.config.base import check_base_url
 
         check_base_url(spec["base_url"], f"teacher {spec['slug']!r}: base_url")
 

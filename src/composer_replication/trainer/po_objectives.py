@@ -20,41 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from composer_replication._extras import require
+from composer_replication.config.presets import DIAGNOSTICS, PO_OBJECTIVES, TRL_LOSS_TYPES
 
-# The distinguishing diagnostic that shows each preset's knob engaged (TRL metric names).
-DIAGNOSTICS: dict[str, str] = {
-    "grpo": "clip_ratio/region_mean",
-    "dr_grpo": "clip_ratio/region_mean",
-    "bnpo": "clip_ratio/region_mean",
-    "dapo": "clip_ratio/high_mean",
-    "gspo": "clip_ratio/region_mean",
-    "cispo": "cispo_clip_ratio",
-}
-
-PO_OBJECTIVES: dict[str, dict[str, Any]] = {
-    "grpo": {"loss_type": "grpo", "scale_rewards": "group", "importance_sampling_level": "token"},
-    "dr_grpo": {"loss_type": "dr_grpo", "scale_rewards": "none", "num_iterations": 1},
-    "bnpo": {"loss_type": "bnpo", "scale_rewards": "batch"},
-    "dapo": {
-        "loss_type": "dapo",
-        "scale_rewards": "none",
-        "epsilon": 0.2,
-        "epsilon_high": 0.28,
-        "mask_truncated_completions": True,
-        "beta": 0.0,
-    },
-    "gspo": {
-        "loss_type": "grpo",
-        "scale_rewards": "group",
-        "importance_sampling_level": "sequence",
-        "epsilon": 3e-4,
-        "epsilon_high": 4e-4,
-    },
-    "cispo": {"loss_type": "cispo", "scale_rewards": "none", "epsilon_high": 5.0},
-}
-
-# Loss types the installed TRL's ``_compute_loss`` dispatches on (checked by a contract test).
-TRL_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+__all__ = ["DIAGNOSTICS", "PO_OBJECTIVES", "TRL_LOSS_TYPES", "make_dr_grpo_config", "make_po_config"]
 
 # GRPOConfig normalises some values in __post_init__; compare in normal form.
 _NORMALISE = {"scale_rewards": {True: "group", False: "none"}}

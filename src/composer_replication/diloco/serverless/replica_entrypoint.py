@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from composer_replication.config.replica import ReplicaConfig
 from composer_replication.diloco.replica import run_replica
-from composer_replication.diloco.replica_config import ReplicaConfig
 
 __all__ = ["ReplicaConfig", "run_replica", "env_rank", "main"]
 

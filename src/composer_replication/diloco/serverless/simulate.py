@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from composer_replication.config.replica import ReplicaConfig, parse_replica_config
 from composer_replication.diloco.inner import build_inner
 from composer_replication.diloco.outer import OuterOptimizer, params_sha256, pseudo_gradient
-from composer_replication.diloco.replica_config import ReplicaConfig, parse_replica_config
 from composer_replication.diloco.serverless.allreduce import fixed_order_mean
 
 __all__ = ["simulate_diloco", "OuterOptimizer", "pseudo_gradient", "params_sha256"]

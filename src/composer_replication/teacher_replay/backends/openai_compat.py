@@ -20,9 +20,10 @@ import asyncio
 import json
 import math
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
+
+from composer_replication.config.base import check_base_url
 
 from ..keys import KeyScrubber
 from .base import BILLED_NOTHING, BILLED_UNKNOWN, ChatRequest, ChatResponse, TeacherError
@@ -174,17 +175,6 @@ def parse_response(status: int, headers: Any, raw: bytes, scrub: KeyScrubber = K
         completion_tokens=ct or 0,
         cost_usd=cost,
     )
-
-
-def check_base_url(url: str, who: str = "base_url") -> str:
-    """``url`` without a trailing slash if it is an ``http(s)://host...`` URL; ``ValueError`` otherwise."""
-    parts = urlsplit(str(url))
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(
-            f"{who} {url!r}: expected an http:// or https:// server root such as http://127.0.0.1:8000/v1 "
-            "(other schemes, file:// included, are refused)"
-        )
-    return str(url).rstrip("/")
 
 
 class OpenAICompatBackend:

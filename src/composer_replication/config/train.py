@@ -13,20 +13,17 @@ directory), ``loss.sdpo.wrapper``, ``loss.preference.variant``, ``optimizer.type
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from composer_replication.trainer.po_objectives import PO_OBJECTIVES
+from composer_replication.config.base import StrictModel as _Model
+from composer_replication.config.base import load_file, validate
+from composer_replication.config.presets import PO_OBJECTIVES
 
-
-class ConfigError(ValueError):
-    """A config that does not validate; the message names the file and each bad field."""
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+DOCS = "docs/training.md"
 
 
 class ModelConfig(_Model):
@@ -198,77 +195,29 @@ class TrainConfig(_Model):
         return self
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The mapping in a YAML, TOML or JSON file (``ConfigError`` for another suffix or a non-mapping)."""
-    text = path.read_text(encoding="utf-8")
-    suffix = path.suffix.lower()
-    if suffix in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(text)
-    elif suffix == ".toml":
-        import tomllib
-
-        data = tomllib.loads(text)
-    elif suffix == ".json":
-        data = json.loads(text)
-    else:
-        raise ConfigError(f"{path}: unknown config format {suffix!r}; use .yaml, .toml or .json")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
-    return data
-
-
-def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    """``data["a"]["b"]["c"] = value`` for ``"a.b.c"``, creating sections; ``ValueError`` when a part
-    on the way (``a.b``) already holds a value rather than a section."""
-    node = data
-    *parents, leaf = dotted.split(".")
-    for i, key in enumerate(parents):
-        node = node.setdefault(key, {})
-        if not isinstance(node, dict):
-            where = ".".join(parents[: i + 1])
-            raise ConfigError(
-                f"{dotted}: {where} is a value ({node!r}), not a section, so it has no field "
-                f"{(parents + [leaf])[i + 1]!r}; set {where}=VALUE instead"
-            )
-    node[leaf] = value
-
-
-def format_validation_error(exc: ValidationError, source: str, *, docs: str = "docs/training.md") -> str:
-    """One line per bad field, each naming its dotted location; ``docs`` is where the fields are listed."""
-    lines = [f"{source}: invalid config ({exc.error_count()} error(s)):"]
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown key (check the spelling; see {docs} for the fields)"
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
+def _resolve_data_paths(data: dict[str, Any], base_dir: Path) -> None:
+    section = data.get("data")
+    if isinstance(section, dict):
+        for key in ("traces", "pairs"):
+            value = section.get(key)
+            if value and not Path(value).is_absolute():
+                section[key] = str(base_dir / value)
 
 
 def build_config(
-    data: dict[str, Any], *, source: str = "<config>", base_dir: Path | None = None
+    data: Mapping[str, Any], *, source: str = "<config>", base_dir: Path | None = None
 ) -> TrainConfig:
     """Validate a mapping into ``TrainConfig`` (``ConfigError`` names each bad field)."""
-    data = json.loads(json.dumps(data, default=str))  # a private copy; Paths become strings
+    copy: dict[str, Any] = json.loads(json.dumps(data, default=str))  # a private copy; Paths become strings
     if base_dir is not None:
-        for key in ("traces", "pairs"):
-            value = data.get("data", {}).get(key)
-            if value and not Path(value).is_absolute():
-                data["data"][key] = str(base_dir / value)
-    try:
-        return TrainConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from None
+        _resolve_data_paths(copy, base_dir)
+    return validate(TrainConfig, copy, source=source, docs=DOCS)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Load YAML/TOML/JSON from ``path``; ``overrides`` maps dotted keys (``schedule.max_steps``) to values."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
-    data = read_config_file(path)
-    for dotted, value in (overrides or {}).items():
-        set_dotted(data, dotted, value)
-    return build_config(data, source=str(path), base_dir=path.parent.resolve())
+    """Load YAML/TOML/JSON from ``path``; ``overrides`` maps dotted keys (``schedule.max_steps``) to values.
+
+    Relative ``data.traces``/``data.pairs`` resolve against the file's directory. Raises
+    ``FileNotFoundError`` or ``ConfigError`` naming the file and each bad field.
+    """
+    return load_file(path, TrainConfig, overrides, docs=DOCS, prepare=_resolve_data_paths)

@@ -1,0 +1,94 @@
+"""Every config tree of the project, on one strict base and one loader.
+
+- ``config.base``: ``StrictModel`` (unknown keys are errors), ``load_file`` (YAML/TOML/JSON + dotted
+  overrides), ``ConfigError`` (names the file and each bad field).
+- ``config.presets``: named presets as plain data (``PO_OBJECTIVES``).
+- ``config.train``: the trainer's ``TrainConfig`` (``load_config``, ``build_config``).
+- ``config.run``: the pipeline's ``RunConfig`` (``load_run_config``), which embeds the trainer's fields.
+- ``config.replica``: the DiLoCo replica's ``ReplicaConfig`` (``load_replica_config``).
+
+Importable without torch, and imports nothing from the rest of the package: every other layer builds on
+it. The names below are the public paths (``composer_replication.config.TrainConfig``, ...).
+"""
+
+from __future__ import annotations
+
+from composer_replication.config.base import (
+    ConfigError,
+    StrictModel,
+    check_base_url,
+    format_validation_error,
+    load_file,
+    read_config_file,
+    set_dotted,
+)
+from composer_replication.config.presets import PO_OBJECTIVES
+from composer_replication.config.replica import (
+    LocalStoreConfig,
+    ReplicaConfig,
+    ReplicaDataConfig,
+    ReplicaModelConfig,
+    ReplicaTorchftConfig,
+    S3StoreConfig,
+    load_replica_config,
+    parse_replica_config,
+)
+from composer_replication.config.run import RunConfig, demo_config, load_run_config
+from composer_replication.config.train import (
+    CheckpointConfig,
+    DataConfig,
+    GRPOSection,
+    LoggingConfig,
+    LoraConfig,
+    LossConfig,
+    ModelConfig,
+    OnPolicyConfig,
+    OptimizerConfig,
+    PreferenceConfig,
+    RewardConfig,
+    ScheduleConfig,
+    SDPOConfig,
+    TAIDConfig,
+    TrainConfig,
+    build_config,
+    load_config,
+)
+
+__all__ = [
+    "PO_OBJECTIVES",
+    "CheckpointConfig",
+    "ConfigError",
+    "DataConfig",
+    "GRPOSection",
+    "LocalStoreConfig",
+    "LoggingConfig",
+    "LoraConfig",
+    "LossConfig",
+    "ModelConfig",
+    "OnPolicyConfig",
+    "OptimizerConfig",
+    "PreferenceConfig",
+    "ReplicaConfig",
+    "ReplicaDataConfig",
+    "ReplicaModelConfig",
+    "ReplicaTorchftConfig",
+    "RewardConfig",
+    "RunConfig",
+    "S3StoreConfig",
+    "SDPOConfig",
+    "ScheduleConfig",
+    "StrictModel",
+    "TAIDConfig",
+    "TrainConfig",
+    "build_config",
+    "check_base_url",
+    "demo_config",
+    "format_validation_error",
+    "load_config",
+    "load_file",
+    "load_replica_config",
+    "load_run_config",
+    "parse_replica_config",
+    "read_config_file",
+    "set_dotted",
+]

@@ -1,0 +1,150 @@
+"""What every config tree shares: the strict base model, the one loader and the one error type.
+
+``StrictModel`` rejects unknown keys and validates on assignment. ``load_file(path, model, ...)`` reads
+YAML, TOML or JSON, applies dotted overrides (``schedule.max_steps=3``) and validates; every failure is
+a ``ConfigError`` whose message names the file and each bad field, one line each. Importable without
+torch: the CLI checks a config before any model loads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+__all__ = [
+    "ConfigError",
+    "StrictModel",
+    "check_base_url",
+    "format_validation_error",
+    "load_file",
+    "read_config_file",
+    "set_dotted",
+    "validate",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A config that does not validate; the message names the file and each bad field."""
+
+
+class StrictModel(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def check_base_url(url: str, who: str = "base_url") -> str:
+    """``url`` without a trailing slash if it is an ``http(s)://host...`` URL; ``ValueError`` otherwise."""
+    parts = urlsplit(str(url))
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(
+            f"{who} {url!r}: expected an http:// or https:// server root such as http://127.0.0.1:8000/v1 "
+            "(other schemes, file:// included, are refused)"
+        )
+    return str(url).rstrip("/")
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML, TOML or JSON file; ``ConfigError`` for another suffix, a syntax error
+    (with the parser's line) or a top level that is not a mapping."""
+    text = path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            import yaml
+
+            kind = "YAML"
+            data = yaml.safe_load(text)
+            data = {} if data is None else data
+        elif suffix == ".toml":
+            import tomllib
+
+            kind = "TOML"
+            data = tomllib.loads(text)
+        elif suffix == ".json":
+            kind = "JSON"
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"{path}: unknown config format {suffix!r}; use .yaml, .toml or .json")
+    except ConfigError:
+        raise
+    except Exception as exc:  # yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"{path}: not valid {kind}: {detail}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """``data["a"]["b"]["c"] = value`` for ``"a.b.c"``, creating sections; ``ConfigError`` when a part
+    on the way (``a.b``) already holds a value rather than a section."""
+    node = data
+    *parents, leaf = dotted.split(".")
+    for i, key in enumerate(parents):
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            where = ".".join(parents[: i + 1])
+            raise ConfigError(
+                f"{dotted}: {where} is a value ({node!r}), not a section, so it has no field "
+                f"{(parents + [leaf])[i + 1]!r}; set {where}=VALUE instead"
+            )
+    node[leaf] = value
+
+
+def format_validation_error(exc: ValidationError, source: str, *, docs: str = "docs/training.md") -> str:
+    """One line per bad field, each naming its dotted location; ``docs`` is where the fields are listed."""
+    lines = [f"{source}: invalid config ({exc.error_count()} error(s)):"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key (check the spelling; see {docs} for the fields)"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def validate(model: type[M], data: Mapping[str, Any], *, source: str, docs: str) -> M:
+    """``model.model_validate(data)``; ``ConfigError`` naming ``source`` and each bad field."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source, docs=docs)) from None
+
+
+def load_file(
+    path: str | Path,
+    model: type[M],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    docs: str,
+    prepare: Callable[[dict[str, Any], Path], None] | None = None,
+) -> M:
+    """The one loader: read ``path`` (YAML/TOML/JSON), apply ``overrides`` (dotted keys), let ``prepare``
+    rewrite the mapping in place (e.g. resolve relative paths against the file's directory, passed as
+    its second argument), and validate into ``model``.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ConfigError`` (naming the file and the field)
+    for everything else.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    data = read_config_file(path)
+    for dotted, value in (overrides or {}).items():
+        try:
+            set_dotted(data, dotted, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: override {exc}") from None
+    if prepare is not None:
+        prepare(data, path.resolve().parent)
+    return validate(model, data, source=str(path), docs=docs)

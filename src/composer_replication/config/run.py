@@ -1,0 +1,310 @@
+"""The run configuration: one typed tree for the whole pipeline, loaded from YAML, TOML or JSON.
+
+Every section rejects unknown keys (a typo is an error that names the key, not a silently ignored
+setting). Each stage's cache key is the hash of the section(s) it reads, so editing the ``report``
+section never re-runs training, and editing ``replay.teachers`` re-runs replay (through its cache:
+calls already paid for are not paid again) and everything downstream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, create_model, field_validator, model_validator
+
+from composer_replication.config.base import StrictModel as _Section
+from composer_replication.config.base import check_base_url, load_file
+from composer_replication.config.train import TrainConfig
+
+DOCS = "docs/configuration.md"
+
+
+class ModelSpec(_Section):
+    """Which model. ``name`` is ``default`` (SmolLM2-135M-Instruct, offline), ``tiny`` (a ~200k-parameter
+    random Qwen2 with the offline tokenizer, for tests), or a local directory / Hugging Face id."""
+
+    name: str = Field(
+        "default",
+        description="`default`, `tiny`, a local directory, or a Hugging Face model id (must be cached: nothing downloads).",
+    )
+    seed: int = Field(0, description="Initialisation seed when `name` is `tiny`.")
+
+
+class SourcesConfig(_Section):
+    """Where the agent sessions come from and how they are read."""
+
+    paths: list[str] = Field(
+        default_factory=list,
+        description="Session files or directories (searched recursively for `*.jsonl`), e.g. `~/.claude/projects` and `~/.codex/sessions`. Relative paths are relative to the config file.",
+    )
+    redact: bool = Field(
+        True,
+        description="Replace secrets (API keys, tokens, private keys, e-mails) before anything is written or sent to a teacher.",
+    )
+    heldout_traces: list[str] = Field(
+        default_factory=list,
+        description="Trace ids (session file stems) kept out of replay and training and used for evaluation.",
+    )
+    heldout_fraction: float = Field(
+        0.2,
+        ge=0.0,
+        lt=1.0,
+        description="When `heldout_traces` is empty: the fraction of traces held out, chosen by a stable hash of the trace id.",
+    )
+
+
+class TeacherConfig(_Section):
+    """One teacher model; the keys are those of ``teacher_replay.TeacherSpec``. ``backend`` picks how it runs."""
+
+    slug: str = Field(
+        ...,
+        description="Model id: an OpenRouter slug such as `openai/gpt-5`, or a name for an in-process teacher.",
+    )
+    input_per_mtok: float = Field(
+        0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="USD per million prompt tokens (the ledger reserves the worst case with it; the provider's billed cost is recorded when reported).",
+    )
+    output_per_mtok: float = Field(
+        0.0, ge=0.0, allow_inf_nan=False, description="USD per million completion tokens."
+    )
+    backend: Literal["openai", "transformers"] = Field(
+        "openai",
+        description="`openai`: any OpenAI-compatible chat-completions server (OpenRouter by default, vLLM, Ollama, llama.cpp). `transformers`: an in-process Hugging Face model (offline).",
+    )
+    base_url: str | None = Field(
+        None,
+        description="`openai` only: the server root, e.g. `http://127.0.0.1:8000/v1`; default OpenRouter.",
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="`openai` only: the environment variable holding this teacher's key (default `OPENROUTER_API_KEY`; loopback servers need none). Keys are never written to the run directory.",
+    )
+    model: str | None = Field(
+        None, description="`openai` only: the model name sent to the server, when it differs from `slug`."
+    )
+    model_path: str | None = Field(
+        None,
+        description="`transformers` only: `default` (SmolLM2-135M-Instruct), `tiny` (a random ~200k-parameter model, seeded by `model_seed`), or a local model directory.",
+    )
+    model_seed: int = Field(0, description="`transformers` with `model_path: tiny`: initialisation seed.")
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature; 0 is greedy.")
+    extra_body: dict[str, Any] | None = Field(
+        None,
+        description="`openai` only: extra JSON fields merged into each request, e.g. `{reasoning: {effort: low}}`.",
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_base_url(v, "base_url")
+        return v
+
+    @model_validator(mode="after")
+    def _backend_fields(self) -> TeacherConfig:
+        if self.backend == "transformers" and not self.model_path:
+            raise ValueError(
+                f"teacher {self.slug!r}: backend 'transformers' needs `model_path` (default, tiny, or a model directory)"
+            )
+        return self
+
+
+class ReplayConfig(_Section):
+    """Teacher replay: every selected state goes to every teacher, under a hard dollar cap."""
+
+    teachers: list[TeacherConfig] = Field(
+        default_factory=list,
+        description="The teachers. Empty means the three OpenRouter defaults of `teacher_replay.DEFAULT_TEACHERS`.",
+    )
+    max_total_usd: float = Field(
+        5.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="Hard cap on the total spend of this run's replay, summed over reruns (the ledger persists).",
+    )
+    states: Literal["error_sites", "all"] = Field(
+        "error_sites",
+        description="Which states to replay: only the turns right after a tool error (cheapest, where the recipe learns most) or every assistant turn.",
+    )
+    max_states: int | None = Field(
+        None, ge=1, description="Replay at most this many states (the first ones in file order)."
+    )
+    max_tokens: int = Field(
+        512, ge=1, description="Completion cap per teacher call (also bounds each call's worst-case cost)."
+    )
+    history_messages: int | None = Field(
+        None,
+        ge=1,
+        description="Send teachers only the system message and the last N messages of each state (long sessions overflow small teachers' context). The mined pairs keep the same shortened history.",
+    )
+    concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
+
+
+class PairsConfig(_Section):
+    """Preference-pair mining from teacher agreement."""
+
+    agreement_threshold: int = Field(
+        2,
+        ge=1,
+        description="Minimum number of teachers whose canonical actions agree (and differ from the student's) for a pair to fire.",
+    )
+
+
+class NormalizeConfig(_Section):
+    """data-juicer normalisation of the mined pairs."""
+
+    skip_dj: bool = Field(
+        False, description="Pass pairs through without data-juicer (records carry `metadata.skipped`)."
+    )
+    recipe: str | None = Field(
+        None, description="A data-juicer recipe YAML; default `recipes/replaysim/default.yaml`."
+    )
+
+
+class GRPOPhaseConfig(_Section):
+    """The optional online phase after the offline one: GRPO-family RL (TRL) with rollouts on the bundled
+    sandbox tasks. The algorithm knobs (objective, group size, completion length) are in ``train.grpo``."""
+
+    enabled: bool = Field(False, description="Run the online phase after the offline one.")
+    max_steps: int = Field(2, ge=1, description="Optimizer steps of the online phase.")
+    lr: float | None = Field(
+        None, gt=0.0, description="Learning rate of the online phase; default `train.optimizer.lr`."
+    )
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="Bundled sandbox task names (`datagen.bundled_tasks()`); empty means all.",
+    )
+
+
+class EvalConfig(_Section):
+    """Evaluation before and after training."""
+
+    max_sites: int = Field(
+        16, ge=1, description="Held-out error sites evaluated (the first ones in file order)."
+    )
+    max_new_tokens: int = Field(64, ge=1, description="Greedy tokens generated per site.")
+    max_prompt_tokens: int = Field(1024, ge=32, description="Left-truncate prompts to this many tokens.")
+    sandbox_tasks: bool = Field(
+        True,
+        description="Also measure the pass rate on the bundled sandbox tasks (`grpo.tasks`), one greedy agent rollout per task.",
+    )
+    sandbox_max_turns: int = Field(3, ge=1, description="Agent turns per sandbox rollout.")
+    sandbox_max_new_tokens: int = Field(192, ge=1, description="Tokens per agent turn in sandbox rollouts.")
+
+
+class ReportConfig(_Section):
+    """The HTML report."""
+
+    title: str = Field("composer-replication run", description="Report heading.")
+
+
+def _train_section() -> type[BaseModel]:
+    """The trainer's ``TrainConfig`` fields, minus what the pipeline decides.
+
+    ``mode`` (the pipeline runs the offline phase, then the GRPO phase), ``model`` (the ``student``
+    section) and the data paths (``data.traces``/``data.pairs``, the pipeline's own files) are filled
+    in per phase; every other field, default and bound is the trainer's own.
+    """
+    fields: dict[str, Any] = {
+        n: (f.annotation, f) for n, f in TrainConfig.model_fields.items() if n not in ("mode", "model")
+    }
+    return create_model("TrainSection", __base__=_Section, __doc__=TrainConfig.__doc__, **fields)
+
+
+TrainSection = _train_section()
+
+
+class RunConfig(_Section):
+    """A whole pipeline run: sessions -> replay -> pairs -> normalize -> train -> evaluate -> report."""
+
+    run_dir: str | None = Field(
+        None,
+        description="Run directory; `composer-replication run --out` overrides it. Relative to the config file.",
+    )
+    seed: int = Field(0, description="Global seed (data split, sampling, initialisation).")
+    student: ModelSpec = Field(default_factory=ModelSpec, description="The model being trained.")
+    sources: SourcesConfig = Field(default_factory=SourcesConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    pairs: PairsConfig = Field(default_factory=PairsConfig)
+    normalize: NormalizeConfig = Field(default_factory=NormalizeConfig)
+    train: TrainSection = Field(  # type: ignore[valid-type]
+        default_factory=TrainSection,
+        description="Training (the trainer's `TrainConfig` without `mode` and `model`; `data.traces`/`data.pairs` are set by the pipeline). Used by both phases.",
+    )
+    grpo: GRPOPhaseConfig = Field(default_factory=GRPOPhaseConfig)
+    evaluate: EvalConfig = Field(default_factory=EvalConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
+
+    @field_validator("train")
+    @classmethod
+    def _no_data_paths(cls, v: Any) -> Any:
+        if v.data.traces is not None or v.data.pairs is not None:
+            raise ValueError(
+                "train.data.traces / train.data.pairs are set by the pipeline from its own stages; remove them"
+            )
+        return v
+
+    @field_validator("sources")
+    @classmethod
+    def _expand(cls, v: SourcesConfig) -> SourcesConfig:
+        v.paths = [os.path.expanduser(p) for p in v.paths]
+        return v
+
+    def section_hash(self, *names: str) -> str:
+        """Stable hash of the named sections (the cache key of a stage)."""
+        data = {n: _dump(getattr(self, n)) for n in names}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _dump(v: Any) -> Any:
+    return v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+
+
+def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
+    src = raw.get("sources")
+    if isinstance(src, dict) and isinstance(src.get("paths"), list):
+        src["paths"] = [_resolve(base, p) for p in src["paths"]]
+    if isinstance(raw.get("run_dir"), str):
+        raw["run_dir"] = _resolve(base, raw["run_dir"])
+
+
+def load_run_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML/TOML/JSON run config; relative paths in it resolve against the file's directory.
+
+    Raises ``ConfigError`` (a ``ValueError``) naming the file and the offending field, or
+    ``FileNotFoundError``.
+    """
+    return load_file(Path(path), RunConfig, overrides, docs=DOCS, prepare=_resolve_paths)
+
+
+def _resolve(base: Path, p: str) -> str:
+    q = Path(os.path.expanduser(str(p)))
+    return str(q if q.is_absolute() else (base / q).resolve())
+
+
+def demo_config(*, fast: bool = False) -> RunConfig:
+    """The bundled demo: example sessions, SmolLM2 student (``fast``: tiny models), in-process teachers."""
+    from importlib import resources
+
+    data = resources.files("composer_replication") / "data"
+    cfg = load_run_config(Path(str(data / "demo.yaml")))
+    if fast:
+        fast_over = json.loads((data / "demo_fast.json").read_text())
+        merged = cfg.model_dump(mode="json")
+        _deep_update(merged, fast_over)
+        cfg = RunConfig.model_validate(merged)
+    return cfg
+
+
+def _deep_update(d: dict[str, Any], u: dict[str, Any]) -> None:
+    for k, v in u.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            _deep_update(d[k], v)
+        else:
+            d[k] = v
