@@ -46,6 +46,16 @@ def _nested_model(t: Any) -> type[BaseModel] | None:
     return None
 
 
+def _variants(t: Any) -> list[type[BaseModel]]:
+    """The models of a union chosen by ``type`` (``sdpo: {type: taid, ...}``); [] for anything else."""
+    models = [a for a in typing.get_args(t) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models if len(models) > 1 and all("type" in m.model_fields for m in models) else []
+
+
+def _variant_name(model: type[BaseModel]) -> str:
+    return str(typing.get_args(model.model_fields["type"].annotation)[0])
+
+
 def _default(field: Any) -> str:
     if field.default is not PydanticUndefined:
         v = field.default
@@ -68,9 +78,9 @@ def _constraints(field: Any) -> str:
     return ", ".join(out)
 
 
-def _section(model: type[BaseModel], path: str, out: list[str], seen: set[str]) -> None:
-    title = path or "top level"
-    out.append(f"\n## `{title}`\n" if path else "\n## Top level\n")
+def _section(model: type[BaseModel], path: str, out: list[str], seen: set[str], variant: str = "") -> None:
+    title = f"`{path}`" + (f" with `type: {variant}`" if variant else "")
+    out.append(f"\n## {title}\n" if path else "\n## Top level\n")
     doc = (model.__doc__ or "").strip()
     if doc:
         out.append(" ".join(line.strip() for line in doc.splitlines()) + "\n")
@@ -78,10 +88,22 @@ def _section(model: type[BaseModel], path: str, out: list[str], seen: set[str]) 
     out.append("|---|---|---|---|---|")
     nested: list[tuple[str, type[BaseModel]]] = []
     list_items: list[tuple[str, type[BaseModel]]] = []
+    variants: list[tuple[str, type[BaseModel], str]] = []
     for name, f in model.model_fields.items():
+        if variant and name == "type":
+            continue  # in the heading
         sub = _nested_model(f.annotation)
         key = f"{path}.{name}" if path else name
         desc = (f.description or "").replace("|", "\\|").replace("\n", " ")
+        if _variants(f.annotation):
+            names = [_variant_name(m) for m in _variants(f.annotation)]
+            variants += [(key, m, n) for m, n in zip(_variants(f.annotation), names)]
+            links = ", ".join(
+                f"[`{n}`](#{key.replace('.', '')}-with-type-{n.replace('_', '')})" for n in names
+            )
+            default = f"`type: {_variant_name(type(f.default_factory()))}`"
+            out.append(f"| `{name}` | section | {default} |  | {desc}; the fields of each: {links} |")
+            continue
         if sub is not None:
             nested.append((key, sub))
             desc = f"see [`{key}`](#{key.replace('.', '')})" + (f". {desc}" if desc else "")
@@ -93,7 +115,11 @@ def _section(model: type[BaseModel], path: str, out: list[str], seen: set[str]) 
             desc += f" Each item: see [`{key}[]`](#{key.replace('.', '')})."
         out.append(f"| `{name}` | {_type_name(f.annotation)} | {_default(f)} | {_constraints(f)} | {desc} |")
     for key, sub in [*nested, *list_items]:
-        _section(sub, key, out, seen)
+        if key not in seen:  # a section shared by variants is listed once
+            seen.add(key)
+            _section(sub, key, out, seen)
+    for key, sub, name in variants:
+        _section(sub, key, out, seen, variant=name)
 
 
 def main() -> int:

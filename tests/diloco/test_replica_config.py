@@ -29,8 +29,8 @@ def test_errors_name_the_file_and_the_field(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_replica_config(bad)
     text = str(info.value)
-    assert str(bad) in text and "store.s3.bukket: unknown key" in text and "docs/diloco.md" in text
-    assert "inner_steps" in text and "store.s3.bucket" in text  # the missing required field too
+    assert str(bad) in text and "store.bukket: unknown key" in text and "docs/diloco.md" in text
+    assert "inner_steps" in text and "store.bucket" in text  # the missing required field too
     with pytest.raises(FileNotFoundError, match="nope.yaml"):
         load_replica_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="expected a mapping"):
@@ -45,7 +45,7 @@ def test_store_sections_are_typed_and_pass_through():
 
 
 def test_class_names_do_not_clash_with_the_training_config():
-    import composer_replication.config as training
+    import composer_replication.config.train as training
     import composer_replication.diloco.replica_config as replica
 
     assert not set(replica.__all__) & set(vars(training))

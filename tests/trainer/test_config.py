@@ -41,6 +41,11 @@ def test_defaults_and_relative_paths(data_files):
         ("data: {pairs: pairs.jsonl}\nbogus: 1\n", "bogus", "unknown key"),
         ("data: {pairs: pairs.jsonl}\nloss: {sdpo: {wieght: 1}}\n", "loss.sdpo.wieght", "unknown key"),
         (
+            "data: {pairs: pairs.jsonl}\nloss: {sdpo: {type: taid, h_max: 2}}\n",
+            "loss.sdpo.h_max",
+            "unknown key",
+        ),
+        (
             "data: {pairs: pairs.jsonl}\nloss: {sdpo: {weight: -0.5}}\n",
             "loss.sdpo.weight",
             "greater than or equal to 0",
@@ -58,7 +63,8 @@ def test_defaults_and_relative_paths(data_files):
             "schedule.max_steps",
             "greater than or equal to 1",
         ),
-        ("data: {pairs: pairs.jsonl}\nloss: {sdpo: {wrapper: bogus}}\n", "loss.sdpo.wrapper", "taid"),
+        ("data: {pairs: pairs.jsonl}\nloss: {sdpo: {type: bogus}}\n", "loss.sdpo", "'taid'"),
+        ("data: {pairs: pairs.jsonl}\nloss: {sdpo: {wrapper: bogus}}\n", "loss.sdpo", "old name"),
     ],
 )
 def test_bad_configs_name_the_field(data_files, text, field, words):
@@ -66,6 +72,34 @@ def test_bad_configs_name_the_field(data_files, text, field, words):
         load_config(write_yaml(data_files, text))
     msg = str(err.value)
     assert f"  {field}:" in msg and words in msg and "cfg.yaml" in msg
+
+
+def test_variants_are_chosen_by_type_and_old_keys_still_load(data_files):
+    def loss(text):
+        return load_config(write_yaml(data_files, "data: {pairs: pairs.jsonl}\nloss: " + text + "\n")).loss
+
+    new = loss("{sdpo: {type: taid, t_start: 0.3}, preference: {type: simpo, beta: 3.0, gamma: 0.5}}")
+    old = loss(
+        "{sdpo: {wrapper: taid, taid: {t_start: 0.3}}, "
+        "preference: {variant: simpo, simpo_beta: 3.0, simpo_gamma: 0.5, dpo_beta: 0.1}}"
+    )
+    assert new == old and new.sdpo.t_start == 0.3 and new.preference.gamma == 0.5
+    # what the losses take, derived from the variant
+    assert (new.sdpo.wrapper, new.preference.variant, new.preference.simpo_beta) == ("taid", "simpo", 3.0)
+    eopd = loss("{sdpo: {wrapper: entropy_opd, entropy_opd_h_max: 2.5}}").sdpo
+    assert eopd.type == "entropy_opd" and eopd.entropy_opd_h_max == 2.5 and eopd.wrapper == "entropy_opd"
+    plain = loss("{sdpo: {wrapper: none, taid: {t_start: 0.4}}, preference: {dpo_beta: 0.2}}")
+    assert plain.sdpo.type == "gjsd" and plain.sdpo.wrapper == "none" and plain.preference.dpo_beta == 0.2
+    # an old knob that the chosen variant lacks, set away from its default: the error names the new key
+    for text, needle in [
+        ("{sdpo: {taid: {t_start: 0.3}}}", "sdpo: {type: taid, t_start"),
+        ("{sdpo: {entropy_opd_h_max: 2.0}}", "{type: entropy_opd, h_max"),
+        ("{preference: {simpo_beta: 3.0}}", "preference: {type: simpo, beta: 3.0}"),
+        ("{sdpo: {type: taid, wrapper: taid}}", "set `type` only"),
+    ]:
+        with pytest.raises(ConfigError, match="loss.sdpo|loss.preference") as err:
+            loss(text)
+        assert needle in str(err.value)
 
 
 def test_toml_json_and_overrides(data_files):

@@ -3,6 +3,7 @@
 - ``config.base``: ``StrictModel`` (unknown keys are errors), ``load_file`` (YAML/TOML/JSON + dotted
   overrides), ``ConfigError`` (names the file and each bad field).
 - ``config.presets``: named presets as plain data (``PO_OBJECTIVES``).
+- ``config.loss``: the ``loss`` section; SDPO and preference variants chosen by ``type``.
 - ``config.train``: the trainer's ``TrainConfig`` (``load_config``, ``build_config``).
 - ``config.run``: the pipeline's ``RunConfig`` (``load_run_config``), which embeds the trainer's fields.
 - ``config.replica``: the DiLoCo replica's ``ReplicaConfig`` (``load_replica_config``).
@@ -22,6 +23,17 @@ from composer_replication.config.base import (
     read_config_file,
     set_dotted,
 )
+from composer_replication.config.loss import (
+    GJSDSDPO,
+    TAIDSDPO,
+    DPOPreference,
+    EntropyOPDSDPO,
+    LossConfig,
+    OnPolicyConfig,
+    PreferenceConfig,
+    SDPOConfig,
+    SimPOPreference,
+)
 from composer_replication.config.presets import PO_OBJECTIVES
 from composer_replication.config.replica import (
     LocalStoreConfig,
@@ -40,15 +52,10 @@ from composer_replication.config.train import (
     GRPOSection,
     LoggingConfig,
     LoraConfig,
-    LossConfig,
     ModelConfig,
-    OnPolicyConfig,
     OptimizerConfig,
-    PreferenceConfig,
     RewardConfig,
     ScheduleConfig,
-    SDPOConfig,
-    TAIDConfig,
     TrainConfig,
     build_config,
     load_config,
@@ -78,7 +85,11 @@ __all__ = [
     "SDPOConfig",
     "ScheduleConfig",
     "StrictModel",
-    "TAIDConfig",
+    "TAIDSDPO",
+    "GJSDSDPO",
+    "EntropyOPDSDPO",
+    "DPOPreference",
+    "SimPOPreference",
     "TrainConfig",
     "build_config",
     "check_base_url",

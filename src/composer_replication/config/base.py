@@ -99,11 +99,36 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
-def format_validation_error(exc: ValidationError, source: str, *, docs: str = "docs/training.md") -> str:
-    """One line per bad field, each naming its dotted location; ``docs`` is where the fields are listed."""
+def _dotted(loc: tuple[int | str, ...], data: Any) -> str:
+    """``loc`` as the dotted key the user writes: pydantic puts the variant's tag of a union chosen by
+    ``type`` in the location (``loss.sdpo.taid.t_start``); a tag that is not a key of the input is dropped."""
+    parts: list[str] = []
+    node = data
+    for i, p in enumerate(loc):
+        is_tag = isinstance(node, dict) and p not in node and i < len(loc) - 1
+        if is_tag and node.get("type", p) == p:
+            continue
+        parts.append(str(p))
+        if isinstance(node, dict):
+            node = node.get(p)
+        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+            node = node[p]
+        else:
+            node = None
+    return ".".join(parts)
+
+
+def format_validation_error(
+    exc: ValidationError, source: str, *, docs: str = "docs/training.md", data: Any = None
+) -> str:
+    """One line per bad field, each naming its dotted location; ``docs`` is where the fields are listed;
+    ``data``, the validated input, lets a union's tag be left out of the location."""
     lines = [f"{source}: invalid config ({exc.error_count()} error(s)):"]
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if isinstance(data, dict):
+            loc = _dotted(err["loc"], data) or "(top level)"
+        else:
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = f"unknown key (check the spelling; see {docs} for the fields)"
@@ -118,7 +143,7 @@ def validate(model: type[M], data: Mapping[str, Any], *, source: str, docs: str)
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source, docs=docs)) from None
+        raise ConfigError(format_validation_error(exc, source, docs=docs, data=data)) from None
 
 
 def load_file(

@@ -6,7 +6,7 @@ config file's directory. ``TrainConfig`` is self-contained so a larger run confi
 
 Pluggable choices are selected by one field each: ``mode`` (offline | grpo), ``model.path``
 (``default`` = SmolLM2-135M-Instruct offline, ``tiny`` = a random ~200k-parameter model, or a local
-directory), ``loss.sdpo.wrapper``, ``loss.preference.variant``, ``optimizer.type``, ``schedule.type``,
+directory), ``loss.sdpo.type``, ``loss.preference.type`` (``config.loss``), ``optimizer.type``, ``schedule.type``,
 ``grpo.objective`` and ``grpo.reward.type``.
 """
 
@@ -21,6 +21,7 @@ from pydantic import Field, field_validator, model_validator
 
 from composer_replication.config.base import StrictModel as _Model
 from composer_replication.config.base import load_file, validate
+from composer_replication.config.loss import LossConfig
 from composer_replication.config.presets import PO_OBJECTIVES
 
 DOCS = "docs/training.md"
@@ -54,54 +55,6 @@ class DataConfig(_Model):
                 f"file not found: {p} (run `composer-replication ingest` / `pairs` first, or fix the path)"
             )
         return p
-
-
-class TAIDConfig(_Model):
-    t_start: float = Field(0.4, ge=0.0, lt=1.0, description="initial interpolation t")
-    t_end: float = Field(1.0, gt=0.0, le=1.0, description="final t (hard ceiling)")
-    alpha: float = Field(5e-4, ge=0.0, description="adaptive bump magnitude")
-    beta: float = Field(0.99, ge=0.0, lt=1.0, description="EMA decay of the relative loss change")
-    disable_adaptive: bool = Field(False, description="plain linear schedule")
-
-
-class OnPolicyConfig(_Model):
-    max_new_tokens: int = Field(32, ge=1, le=4096, description="tokens the student samples at an error site")
-    temperature: float = Field(1.0, ge=0.0, description="student sampling temperature (0: greedy)")
-    sites_per_batch: int = Field(2, ge=1, description="error sites sampled per micro-batch")
-
-
-class SDPOConfig(_Model):
-    weight: float = Field(
-        0.1, ge=0.0, description="alpha: weight of the self-distillation channel; 0 disables"
-    )
-    source: Literal["recorded", "on_policy"] = Field(
-        "recorded",
-        description="offline mode: the hinted teacher scores the recorded recovery (recorded) or the "
-        "student's own sample at the error site (on_policy, OPSD)",
-    )
-    on_policy: OnPolicyConfig = Field(default_factory=OnPolicyConfig, description="source=on_policy sampling")
-    wrapper: Literal["none", "taid", "entropy_opd"] = Field("none", description="channel-2 variant")
-    jsd_beta: float = Field(0.5, ge=0.0, le=1.0, description="0 forward KL, 0.5 JSD, 1 reverse KL")
-    temperature: float = Field(1.0, gt=0.0, description="softmax temperature")
-    token_clip: float | None = Field(None, gt=0.0, description="per-token divergence clamp")
-    taid: TAIDConfig = Field(default_factory=TAIDConfig, description="TAID schedule (wrapper=taid)")
-    entropy_opd_h_max: float | None = Field(None, gt=0.0, description="EOPD entropy normaliser; None = log V")
-
-
-class PreferenceConfig(_Model):
-    weight: float = Field(0.05, ge=0.0, description="beta: weight of the preference channel; 0 disables")
-    variant: Literal["dpo", "simpo"] = Field(
-        "dpo", description="DPO (with reference) or SimPO (reference-free)"
-    )
-    dpo_beta: float = Field(0.1, gt=0.0, description="DPO beta")
-    simpo_beta: float = Field(2.0, gt=0.0, description="SimPO beta")
-    simpo_gamma: float = Field(1.0, ge=0.0, description="SimPO target margin")
-
-
-class LossConfig(_Model):
-    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing of the SFT/CE channel")
-    sdpo: SDPOConfig = Field(default_factory=SDPOConfig)
-    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
 
 
 class OptimizerConfig(_Model):

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from composer_replication.config import TrainConfig, build_config
+from composer_replication.config.loss import TAIDSDPO
 from composer_replication.trainer import checkpoint as ckpt
 from composer_replication.trainer import offline_data as od
 from composer_replication.trainer import pair_tokens
@@ -107,10 +108,9 @@ class OfflineStepper:
         self._ref: dict[str, tuple] | None = None
         self.opt, self.sched = make_optimizer(cfg, model)
         self.taid = None
-        if cfg.loss.sdpo.wrapper == "taid":
+        if isinstance(t := cfg.loss.sdpo, TAIDSDPO):
             from composer_replication.distillation import TAIDScheduler
 
-            t = cfg.loss.sdpo.taid
             self.taid = TAIDScheduler(
                 cfg.schedule.max_steps,
                 t_start=t.t_start,

@@ -1,0 +1,242 @@
+"""The ``loss`` section of the training config: the three channels and their variants.
+
+Each channel with variants is a discriminated union chosen by ``type``, so a variant's knobs exist only
+when it is chosen: ``sdpo: {type: taid, t_start: 0.4}``, ``preference: {type: simpo, beta: 2.0}``.
+Configs written before the unions (``sdpo: {wrapper: taid, taid: {...}}``, ``preference: {variant:
+simpo, simpo_beta: 2}``) still load: ``_legacy_sdpo``/``_legacy_preference`` rewrite them, and a knob
+that the chosen variant does not have fails with a message naming the new key.
+
+The read-only properties (``wrapper``, ``entropy_opd_h_max``, ``variant``, ``dpo_beta``, ...) are the
+arguments ``compose_loss`` and ``ComposerReplicationTrainer`` take, derived from the chosen variant.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from composer_replication.config.base import StrictModel
+
+__all__ = [
+    "EntropyOPDSDPO",
+    "GJSDSDPO",
+    "LossConfig",
+    "OnPolicyConfig",
+    "PreferenceConfig",
+    "SDPOConfig",
+    "TAIDSDPO",
+    "DPOPreference",
+    "SimPOPreference",
+]
+
+
+class OnPolicyConfig(StrictModel):
+    max_new_tokens: int = Field(32, ge=1, le=4096, description="tokens the student samples at an error site")
+    temperature: float = Field(1.0, ge=0.0, description="student sampling temperature (0: greedy)")
+    sites_per_batch: int = Field(2, ge=1, description="error sites sampled per micro-batch")
+
+
+class _SDPOBase(StrictModel):
+    """Fields every SDPO variant shares."""
+
+    weight: float = Field(
+        0.1, ge=0.0, description="alpha: weight of the self-distillation channel; 0 disables"
+    )
+    source: Literal["recorded", "on_policy"] = Field(
+        "recorded",
+        description="offline mode: the hinted teacher scores the recorded recovery (recorded) or the "
+        "student's own sample at the error site (on_policy, OPSD)",
+    )
+    on_policy: OnPolicyConfig = Field(default_factory=OnPolicyConfig, description="source=on_policy sampling")
+    jsd_beta: float = Field(0.5, ge=0.0, le=1.0, description="0 forward KL, 0.5 JSD, 1 reverse KL")
+    temperature: float = Field(1.0, gt=0.0, description="softmax temperature")
+    token_clip: float | None = Field(None, gt=0.0, description="per-token divergence clamp")
+
+    @property
+    def wrapper(self) -> Literal["none", "taid", "entropy_opd"]:
+        """``compose_loss``'s ``sdpo_wrapper`` for this variant."""
+        return "none"
+
+    @property
+    def entropy_opd_h_max(self) -> float | None:
+        """``compose_loss``'s ``entropy_opd_h_max`` (EOPD only)."""
+        return None
+
+
+class GJSDSDPO(_SDPOBase):
+    """Plain generalized JSD between the hinted teacher and the student (the SDPO channel as published)."""
+
+    type: Literal["gjsd"] = Field("gjsd", description="the variant (the default)")
+
+
+class TAIDSDPO(_SDPOBase):
+    """TAID (arXiv 2501.16937): the target interpolates from the student to the teacher on a schedule."""
+
+    type: Literal["taid"] = Field(..., description="the variant")
+    t_start: float = Field(0.4, ge=0.0, lt=1.0, description="initial interpolation t")
+    t_end: float = Field(1.0, gt=0.0, le=1.0, description="final t (hard ceiling)")
+    alpha: float = Field(5e-4, ge=0.0, description="adaptive bump magnitude")
+    beta: float = Field(0.99, ge=0.0, lt=1.0, description="EMA decay of the relative loss change")
+    disable_adaptive: bool = Field(False, description="plain linear schedule")
+
+    @property
+    def wrapper(self) -> Literal["none", "taid", "entropy_opd"]:
+        return "taid"
+
+
+class EntropyOPDSDPO(_SDPOBase):
+    """Entropy-aware on-policy distillation: per-token weights from the teacher's entropy."""
+
+    type: Literal["entropy_opd"] = Field(..., description="the variant")
+    h_max: float | None = Field(None, gt=0.0, description="entropy normaliser; None = log V")
+
+    @property
+    def wrapper(self) -> Literal["none", "taid", "entropy_opd"]:
+        return "entropy_opd"
+
+    @property
+    def entropy_opd_h_max(self) -> float | None:
+        return self.h_max
+
+
+SDPOConfig = Annotated[GJSDSDPO | TAIDSDPO | EntropyOPDSDPO, Field(discriminator="type")]
+
+
+class _PreferenceBase(StrictModel):
+    weight: float = Field(0.05, ge=0.0, description="beta: weight of the preference channel; 0 disables")
+
+    # ``compose_loss``'s arguments; a variant overrides the ones it sets (others keep the loss defaults).
+    @property
+    def variant(self) -> Literal["dpo", "simpo"]:
+        """``compose_loss``'s ``dpo_variant``."""
+        return "dpo"
+
+    @property
+    def dpo_beta(self) -> float:
+        """``compose_loss``'s ``replay_dpo_beta``."""
+        return 0.1
+
+    @property
+    def simpo_beta(self) -> float:
+        return 2.0
+
+    @property
+    def simpo_gamma(self) -> float:
+        return 1.0
+
+
+class DPOPreference(_PreferenceBase):
+    """DPO (arXiv 2305.18290) against the reference model's log-probs."""
+
+    type: Literal["dpo"] = Field("dpo", description="the variant (the default)")
+    beta: float = Field(0.1, gt=0.0, description="DPO beta")
+
+    @property
+    def dpo_beta(self) -> float:
+        return self.beta
+
+
+class SimPOPreference(_PreferenceBase):
+    """SimPO (arXiv 2405.14734): reference-free, length-normalised, with a target margin."""
+
+    type: Literal["simpo"] = Field(..., description="the variant")
+    beta: float = Field(2.0, gt=0.0, description="SimPO beta")
+    gamma: float = Field(1.0, ge=0.0, description="SimPO target margin")
+
+    @property
+    def variant(self) -> Literal["dpo", "simpo"]:
+        return "simpo"
+
+    @property
+    def simpo_beta(self) -> float:
+        return self.beta
+
+    @property
+    def simpo_gamma(self) -> float:
+        return self.gamma
+
+
+PreferenceConfig = Annotated[DPOPreference | SimPOPreference, Field(discriminator="type")]
+
+
+_TAID_DEFAULTS = {f: i.default for f, i in TAIDSDPO.model_fields.items() if f not in _SDPOBase.model_fields}
+_PREFERENCE_KEYS = {"dpo_beta": ("dpo", "beta", 0.1), "simpo_beta": ("simpo", "beta", 2.0),
+                    "simpo_gamma": ("simpo", "gamma", 1.0)}  # fmt: skip
+
+
+def _legacy_sdpo(v: Any) -> Any:
+    """``{wrapper: taid, taid: {...}, entropy_opd_h_max: ...}`` (before the union) -> ``{type: ..., ...}``.
+
+    An old file (or an old run's dumped config) carries every variant's knobs; those of another
+    variant are dropped when they hold their defaults, and are an error naming the new key otherwise.
+    """
+    if not isinstance(v, dict):
+        return v
+    v = dict(v)
+    if "wrapper" in v:
+        if "type" in v:
+            raise ValueError("set `type` only (`wrapper` is its old name)")
+        w = v.pop("wrapper")
+        if w not in ("none", "taid", "entropy_opd"):
+            raise ValueError(
+                f"wrapper {w!r}: use type: gjsd, taid or entropy_opd (`wrapper` is its old name)"
+            )
+        v["type"] = {"none": "gjsd"}.get(w, w)
+    kind = v.setdefault("type", "gjsd")
+    taid = v.pop("taid", None)
+    if kind == "taid" and isinstance(taid, dict):
+        v = {**taid, **v}
+    elif isinstance(taid, dict) and any(
+        k not in _TAID_DEFAULTS or _TAID_DEFAULTS[k] != x for k, x in taid.items()
+    ):
+        raise ValueError("`taid` settings go beside the variant now: sdpo: {type: taid, t_start: 0.4, ...}")
+    h_max = v.pop("entropy_opd_h_max", None)
+    if kind == "entropy_opd":
+        v.setdefault("h_max", h_max)
+    elif h_max is not None:
+        raise ValueError("`entropy_opd_h_max` is now sdpo: {type: entropy_opd, h_max: ...}")
+    return v
+
+
+def _legacy_preference(v: Any) -> Any:
+    """``{variant: simpo, simpo_beta: 2, dpo_beta: 0.1, ...}`` (before the union) -> ``{type: ..., ...}``;
+    another variant's knobs are dropped at their defaults and an error naming the new key otherwise."""
+    if not isinstance(v, dict):
+        return v
+    v = dict(v)
+    if "variant" in v:
+        if "type" in v:
+            raise ValueError("set `type` only (`variant` is its old name)")
+        v["type"] = v.pop("variant")
+    kind = v.setdefault("type", "dpo")
+    for old, (variant, new, default) in _PREFERENCE_KEYS.items():
+        if old not in v:
+            continue
+        value = v.pop(old)
+        if kind == variant:
+            v.setdefault(new, value)
+        elif value != default:
+            raise ValueError(f"`{old}` is now preference: {{type: {variant}, {new}: {value}}}")
+    return v
+
+
+class LossConfig(StrictModel):
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing of the SFT/CE channel")
+    sdpo: SDPOConfig = Field(
+        default_factory=GJSDSDPO,
+        description="self-distillation channel; variant by `type`: gjsd | taid | entropy_opd",
+    )
+    preference: PreferenceConfig = Field(
+        default_factory=DPOPreference, description="preference channel; variant by `type`: dpo | simpo"
+    )
+
+    @field_validator("sdpo", mode="before")
+    @classmethod
+    def _sdpo_type(cls, v: Any) -> Any:
+        return _legacy_sdpo(v)
+
+    @field_validator("preference", mode="before")
+    @classmethod
+    def _preference_type(cls, v: Any) -> Any:
+        return _legacy_preference(v)
