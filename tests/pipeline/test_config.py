@@ -82,3 +82,29 @@ def test_demo_configs():
     assert all(t.backend == "transformers" for t in full.replay.teachers + fast.replay.teachers)
     assert all(Path(p).is_dir() for p in full.sources.paths)
     assert full.grpo.enabled and full.replay.max_total_usd == 0.0
+
+
+def test_grpo_settings_have_one_place_and_old_files_still_load(tmp_path):
+    new = tmp_path / "new.yaml"
+    new.write_text(
+        "train: {schedule: {max_steps: 5}}\ngrpo: {enabled: true, max_steps: 2, lr: 0.001, objective: dapo, num_generations: 3}\n"
+    )
+    old = tmp_path / "old.yaml"
+    old.write_text("train: {schedule: {max_steps: 5}, grpo: {objective: dapo, num_generations: 3}}\n"
+                   "grpo: {enabled: true, max_steps: 2, lr: 0.001}\n")  # fmt: skip
+    assert load_run_config(new) == load_run_config(old)
+    rc = load_run_config(new)
+    assert "grpo" not in type(rc.train).model_fields
+    (tmp_path / "p.jsonl").write_text("{}\n")
+    (tmp_path / "t.jsonl").write_text("{}\n")
+    online = rc.train_config("grpo", model="m", traces=None, pairs=str(tmp_path / "p.jsonl"))
+    assert (online.mode, online.model.path, online.data.pairs) == ("grpo", "m", tmp_path / "p.jsonl")
+    assert (online.grpo.objective, online.grpo.num_generations) == ("dapo", 3)
+    assert online.schedule.max_steps == 2 and online.optimizer.lr == 0.001  # the phase's own
+    offline = rc.train_config("offline", model="m", traces=str(tmp_path / "t.jsonl"), pairs=None)
+    assert offline.schedule.max_steps == 5 and offline.optimizer.lr == rc.train.optimizer.lr
+    clash = tmp_path / "clash.yaml"
+    clash.write_text("train: {grpo: {objective: dapo}}\ngrpo: {objective: gspo}\n")
+    with pytest.raises(ValueError, match=r"move train.grpo.objective .*grpo.objective") as exc:
+        load_run_config(clash)
+    assert str(clash) in str(exc.value)

@@ -12,13 +12,13 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 
 from composer_replication.config.base import StrictModel as _Section
 from composer_replication.config.base import check_base_url, load_file
-from composer_replication.config.train import TrainConfig
+from composer_replication.config.train import GRPOSection, TrainConfig, build_config
 
 DOCS = "docs/configuration.md"
 
@@ -167,9 +167,11 @@ class NormalizeConfig(_Section):
     )
 
 
-class GRPOPhaseConfig(_Section):
+class GRPOPhaseConfig(GRPOSection):
     """The optional online phase after the offline one: GRPO-family RL (TRL) with rollouts on the bundled
-    sandbox tasks. The algorithm knobs (objective, group size, completion length) are in ``train.grpo``."""
+    sandbox tasks. Every GRPO setting is here: the algorithm's (the trainer's ``grpo`` section: objective,
+    group size, completion length, reward, ...) and the phase's (``enabled``, ``max_steps``, ``lr``, ``tasks``).
+    The rest of the phase's training settings (optimizer, batch, loss weights) come from ``train``."""
 
     enabled: bool = Field(False, description="Run the online phase after the offline one.")
     max_steps: int = Field(2, ge=1, description="Optimizer steps of the online phase.")
@@ -205,19 +207,25 @@ class ReportConfig(_Section):
 
 
 def _train_section() -> type[BaseModel]:
-    """The trainer's ``TrainConfig`` fields, minus what the pipeline decides.
+    """The trainer's ``TrainConfig`` fields, minus what the pipeline decides or keeps elsewhere.
 
     ``mode`` (the pipeline runs the offline phase, then the GRPO phase), ``model`` (the ``student``
-    section) and the data paths (``data.traces``/``data.pairs``, the pipeline's own files) are filled
-    in per phase; every other field, default and bound is the trainer's own.
+    section), ``grpo`` (the run's own ``grpo`` section) and the data paths (``data.traces``/``data.pairs``,
+    the pipeline's own files) are filled in per phase by ``RunConfig.train_config``; every other field,
+    default and bound is the trainer's own.
     """
     fields: dict[str, Any] = {
-        n: (f.annotation, f) for n, f in TrainConfig.model_fields.items() if n not in ("mode", "model")
+        n: (f.annotation, f)
+        for n, f in TrainConfig.model_fields.items()
+        if n not in ("mode", "model", "grpo")
     }
     return create_model("TrainSection", __base__=_Section, __doc__=TrainConfig.__doc__, **fields)
 
 
-TrainSection = _train_section()
+if TYPE_CHECKING:  # the same fields, for the type checker (less mode, model and grpo at run time)
+    TrainSection = TrainConfig
+else:
+    TrainSection = _train_section()
 
 
 class RunConfig(_Section):
@@ -233,13 +241,36 @@ class RunConfig(_Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     pairs: PairsConfig = Field(default_factory=PairsConfig)
     normalize: NormalizeConfig = Field(default_factory=NormalizeConfig)
-    train: TrainSection = Field(  # type: ignore[valid-type]
+    train: TrainSection = Field(
         default_factory=TrainSection,
         description="Training (the trainer's `TrainConfig` without `mode` and `model`; `data.traces`/`data.pairs` are set by the pipeline). Used by both phases.",
     )
     grpo: GRPOPhaseConfig = Field(default_factory=GRPOPhaseConfig)
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grpo_in_one_place(cls, data: Any) -> Any:
+        """Files written before ``grpo`` held every GRPO setting put the algorithm's in ``train.grpo``:
+        those still load, moved to ``grpo``; a key set in both places is an error naming ``grpo.KEY``."""
+        train = data.get("train") if isinstance(data, dict) else None
+        if not isinstance(train, dict) or "grpo" not in train:
+            return data
+        train = dict(train)
+        old, new = train.pop("grpo"), data.get("grpo") or {}
+        if not isinstance(old, dict) or not isinstance(new, dict):
+            return data  # the type error is reported on the field
+        both = sorted(k for k in set(old) & set(new) if old[k] != new[k])
+        if both:
+            raise ValueError(
+                "the GRPO settings are one section now, `grpo`: move train.grpo."
+                + ", train.grpo.".join(both)
+                + " there (it also sets "
+                + ", ".join(f"grpo.{k}" for k in both)
+                + ")"
+            )
+        return {**data, "train": train, "grpo": {**old, **new}}
 
     @field_validator("train")
     @classmethod
@@ -255,6 +286,19 @@ class RunConfig(_Section):
     def _expand(cls, v: SourcesConfig) -> SourcesConfig:
         v.paths = [os.path.expanduser(p) for p in v.paths]
         return v
+
+    def train_config(self, mode: str, *, model: str, traces: str | None, pairs: str | None) -> TrainConfig:
+        """The trainer's ``TrainConfig`` for one phase: ``train`` + the algorithm fields of ``grpo`` + the
+        pipeline's model and data files; the GRPO phase trains ``grpo.max_steps`` steps at ``grpo.lr``."""
+        data = self.train.model_dump(mode="json")
+        data["data"].update(traces=traces, pairs=pairs)
+        data["grpo"] = self.grpo.model_dump(mode="json", include=set(GRPOSection.model_fields))
+        data["mode"], data["model"] = mode, {"path": model}
+        if mode == "grpo":
+            data["schedule"]["max_steps"] = self.grpo.max_steps
+            if self.grpo.lr is not None:
+                data["optimizer"]["lr"] = self.grpo.lr
+        return build_config(data, source=f"run config (train, {mode} phase)")
 
     def section_hash(self, *names: str) -> str:
         """Stable hash of the named sections (the cache key of a stage)."""

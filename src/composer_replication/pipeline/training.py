@@ -30,24 +30,16 @@ def final_model_dir(ctx: RunContext) -> Path:
 
 
 def train_config(ctx: RunContext, mode: str) -> Any:
-    """The trainer's ``TrainConfig`` for one phase: the ``train`` section plus the pipeline's paths."""
-    from composer_replication.config import build_config
-
-    data = ctx.config.train.model_dump(mode="json")
+    """The trainer's ``TrainConfig`` for one phase (``RunConfig.train_config`` with the pipeline's files)."""
     pairs = ctx.path("normalize", "pairs.jsonl")
     traces = ctx.path("split", "train_traces.jsonl")
-    data["data"]["traces"] = str(traces) if _nonempty(traces) else None
-    data["data"]["pairs"] = str(pairs) if _nonempty(pairs) else None
-    if mode == "offline":
-        model = str(student_dir(ctx))
-    else:
-        model = str(ctx.path("train", "offline", "final"))
-        data["schedule"]["max_steps"] = ctx.config.grpo.max_steps
-        if ctx.config.grpo.lr is not None:
-            data["optimizer"]["lr"] = ctx.config.grpo.lr
-    data["mode"] = mode
-    data["model"] = {**data.get("model", {}), "path": model}
-    return build_config(data, source=f"run config (train, {mode} phase)")
+    model = student_dir(ctx) if mode == "offline" else ctx.path("train", "offline", "final")
+    return ctx.config.train_config(
+        mode,
+        model=str(model),
+        traces=str(traces) if _nonempty(traces) else None,
+        pairs=str(pairs) if _nonempty(pairs) else None,
+    )
 
 
 def train_offline_stage(ctx: RunContext) -> dict[str, Any]:
