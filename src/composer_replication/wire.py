@@ -246,7 +246,7 @@ SYSTEM_PROMPT = (
 
 
 def _tool_line(tool: str | Mapping[str, Any]) -> str:
-    fn = tool.get("function", tool) if isinstance(tool, Mapping) else {"name": str(tool)}
+    fn: Mapping[str, Any] = tool.get("function", tool) if isinstance(tool, Mapping) else {"name": str(tool)}
     props = (fn.get("parameters") or {}).get("properties") or {}
     args = json.dumps({k: (v or {}).get("description", "") for k, v in props.items()}, ensure_ascii=False)
     desc = str(fn.get("description") or "").strip()

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
 
 
-def _number(kind: type, text: str) -> int | float:
+def _number(kind: Callable[[str], N], text: str) -> N:
     try:
         value = kind(text)
     except ValueError:

@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     out = norm.normalize(pairs)
     write_jsonl_atomic(args.out, (dataclasses.asdict(p) for p in out))
     rep = norm.last_report
+    assert rep is not None  # normalize() sets it
     report = {
         "records_in": rep.records_in, "records_out": rep.records_out, "dropped_by_op": rep.dropped_by_op,
         "dropped": rep.dropped, "skipped": args.skip_dj,

@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from composer_replication._io import read_jsonl
+
+if TYPE_CHECKING:
+    from composer_replication.teacher_replay.types import TeacherCallResult, TraceState
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from composer_replication.teacher_replay import extract_dpo_pairs, save_pairs
 
-    states = list(read_jsonl(args.states))
-    calls = list(read_jsonl(args.calls))
+    states = cast("list[TraceState]", list(read_jsonl(args.states)))
+    calls = cast("list[TeacherCallResult]", list(read_jsonl(args.calls)))
     pairs = extract_dpo_pairs(states, calls, agreement_threshold=args.threshold)
     save_pairs(pairs, args.out)
     print(f"{len(pairs)} pairs from {len(states)} states -> {args.out}", file=sys.stderr)

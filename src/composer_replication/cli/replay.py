@@ -20,10 +20,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from composer_replication._io import atomic_write_json, read_jsonl
 from composer_replication.cli._types import non_negative_float, positive_float, positive_int
+
+if TYPE_CHECKING:
+    from composer_replication.teacher_replay.types import TeacherSpec, TraceState
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -123,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from composer_replication.teacher_replay.client import price_run, replay_states
 
-    states = list(read_jsonl(args.states))
-    teachers = load_teachers(args)
+    states = cast("list[TraceState]", list(read_jsonl(args.states)))
+    teachers = cast("list[TeacherSpec]", load_teachers(args))
     cache = args.out / "teacher_calls.jsonl"
     ledger = args.out / "ledger.jsonl"
     price = price_run(states, teachers, max_tokens=args.max_tokens, cache_path=cache)

@@ -320,6 +320,7 @@ class BwrapSandbox:
 
     def put(self, path: str, data: bytes | str) -> None:
         target = self._host_path(path)
+        assert self.workspace is not None  # _host_path: started
         for parent in reversed(target.relative_to(self.workspace.resolve()).parents[:-1]):
             d = self.workspace.resolve() / parent
             d.mkdir(exist_ok=True)

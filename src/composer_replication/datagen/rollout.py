@@ -133,7 +133,7 @@ class SessionLog:
         stop = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
         for i, block in enumerate(blocks):
             last = i == n - 1
-            message = {
+            message: dict[str, Any] = {
                 "id": msg_id,
                 "type": "message",
                 "role": "assistant",

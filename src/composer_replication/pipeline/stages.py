@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from composer_replication._io import atomic_write_json, read_jsonl, write_jsonl_atomic
 from composer_replication.config.run import RunConfig
@@ -33,6 +33,9 @@ from composer_replication.pipeline.training import (
     train_grpo_stage,
     train_offline_stage,
 )
+
+if TYPE_CHECKING:
+    from composer_replication.teacher_replay.types import TeacherCallResult, TeacherSpec, TraceState
 
 # ----------------------------------------------------------------------------- ingest + split
 
@@ -99,18 +102,18 @@ def _split(ctx: RunContext) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- replay, pairs, normalize
 
 
-def teacher_specs(ctx: RunContext) -> list[dict[str, Any]]:
+def teacher_specs(ctx: RunContext) -> list[TeacherSpec]:
     """The config's teachers as ``TeacherSpec`` dicts (in-process model paths resolved)."""
     from composer_replication.teacher_replay import DEFAULT_TEACHERS
 
     if not ctx.config.replay.teachers:
-        return [dict(t) for t in DEFAULT_TEACHERS]
-    out = []
+        return [cast("TeacherSpec", dict(t)) for t in DEFAULT_TEACHERS]
+    out: list[TeacherSpec] = []
     for t in ctx.config.replay.teachers:
         d = t.model_dump(exclude_none=True, exclude={"model_seed"})
         if t.backend == "transformers":
             d["model_path"] = str(resolve_model(t.model_path or "", t.model_seed, ctx.path("models")))
-        out.append(d)
+        out.append(cast("TeacherSpec", d))
     return out
 
 
@@ -123,7 +126,7 @@ def _shorten(state: dict[str, Any], keep: int | None) -> dict[str, Any]:
     return {**state, "messages": head + tail}
 
 
-def replay_selection(ctx: RunContext) -> list[dict[str, Any]]:
+def replay_selection(ctx: RunContext) -> list[TraceState]:
     from composer_replication.pipeline.evaluate import is_error_site
 
     rc = ctx.config.replay
@@ -132,7 +135,7 @@ def replay_selection(ctx: RunContext) -> list[dict[str, Any]]:
         states = [s for s in states if is_error_site(s)]
     if rc.max_states is not None:
         states = states[: rc.max_states]
-    return [_shorten(s, rc.history_messages) for s in states]
+    return [cast("TraceState", _shorten(s, rc.history_messages)) for s in states]
 
 
 def _replay(ctx: RunContext) -> dict[str, Any]:
@@ -187,12 +190,12 @@ def _pairs(ctx: RunContext) -> dict[str, Any]:
     from composer_replication.teacher_replay import extract_dpo_pairs, save_pairs
     from composer_replication.teacher_replay.actions import canonical_action
 
-    states = list(read_jsonl(ctx.path("replay", "states.jsonl")))
-    calls = list(read_jsonl(ctx.path("replay", "teacher_calls.jsonl")))
+    states = cast("list[TraceState]", list(read_jsonl(ctx.path("replay", "states.jsonl"))))
+    calls = cast("list[TeacherCallResult]", list(read_jsonl(ctx.path("replay", "teacher_calls.jsonl"))))
     pairs = extract_dpo_pairs(states, calls, agreement_threshold=ctx.config.pairs.agreement_threshold)
     save_pairs(pairs, ctx.path("pairs", "raw_pairs.jsonl"))
     per_teacher = {t["slug"]: 0 for t in teacher_specs(ctx)}
-    by_state: dict[str, list[dict[str, Any]]] = {}
+    by_state: dict[str, list[TeacherCallResult]] = {}
     for c in calls:
         by_state.setdefault(c["state_id"], []).append(c)
     for p in pairs:  # credit every teacher in the agreeing majority

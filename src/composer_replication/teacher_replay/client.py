@@ -192,7 +192,7 @@ async def replay_states(
             call_backend[c.key] = by_teacher[spec["slug"]]
 
         sem = asyncio.Semaphore(concurrency)
-        state = {"stopped": None, "fatal": None}
+        state: dict[str, str | None] = {"stopped": None, "fatal": None}
         cooldown: dict[str, float] = {}  # teacher slug -> monotonic time before which nothing is sent
         bar = None
         if progress and todo:

@@ -100,15 +100,17 @@ class FakeOpenRouter:
         self._loop = asyncio.new_event_loop()
         errors: list[BaseException] = []
 
+        loop = self._loop
+
         def run() -> None:
-            asyncio.set_event_loop(self._loop)
+            asyncio.set_event_loop(loop)
             try:
-                self._loop.run_until_complete(_serve(self, port, ready, self._box))
+                loop.run_until_complete(_serve(self, port, ready, self._box))
             except BaseException as e:  # noqa: BLE001 - reported to start()
                 errors.append(e)
                 ready.set()
             finally:
-                self._loop.close()
+                loop.close()
 
         self._thread = threading.Thread(target=run, daemon=True, name="fake-openrouter")
         self._thread.start()
@@ -198,7 +200,7 @@ class FakeOpenRouter:
                 with self._lock:
                     self.billed_usd += float(cost)
         usage.update(reply.usage or {})
-        payload = {
+        body_out = {
             "id": f"gen-{self.n_requests}",
             "model": key[0],
             "choices": [
@@ -206,7 +208,7 @@ class FakeOpenRouter:
             ],
             "usage": usage,
         }
-        return 200, {}, json.dumps(payload).encode(), delay, reply
+        return 200, {}, json.dumps(body_out).encode(), delay, reply
 
 
 def _err(

@@ -94,7 +94,7 @@ class _Book:
             ) from None
         if not isinstance(rec, dict):
             raise DataFileError(self.path, self.lines, f"expected a JSON object, got {type(rec).__name__}")
-        ev, rid = rec.get("event"), rec.get("id")
+        ev, rid = rec.get("event"), str(rec.get("id"))
         if ev == "reserve":
             self.open[rid] = _amount(rec, self.path, self.lines)
         elif ev == "settle":
@@ -164,12 +164,18 @@ class SpendLedger:
             self._durable = GroupFsync(self.path) if fsync else None
 
     # -- the shared file ---------------------------------------------------------------------------
+    @property
+    def _file(self) -> int:
+        """The ledger file's descriptor (the methods below run only for a ledger with a file)."""
+        assert self._fd is not None
+        return self._fd
+
     def _catch_up(self) -> None:
         """With the lock held: apply what other writers appended since our last read."""
-        size = os.fstat(self._fd).st_size
+        size = os.fstat(self._file).st_size
         if size <= self._offset:
             return
-        data = os.pread(self._fd, size - self._offset, self._offset)
+        data = os.pread(self._file, size - self._offset, self._offset)
         end = data.rfind(b"\n") + 1
         mine = f'"id":"{self._run}-'.encode()
         for raw in data[:end].split(b"\n")[:-1]:
@@ -181,13 +187,13 @@ class SpendLedger:
         if end < len(data):
             # Bytes after the last newline while we hold the lock: a writer died mid-append. Its
             # record never took effect (a request is sent only after its reserve line is written).
-            os.ftruncate(self._fd, self._offset)
+            os.ftruncate(self._file, self._offset)
 
     async def _lock(self) -> None:
         delay = 0.0005
         while True:
             try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
             except BlockingIOError:
                 await asyncio.sleep(delay)  # another process holds it for microseconds; keep the loop free
@@ -197,7 +203,7 @@ class SpendLedger:
         """With the lock held and caught up: append one record."""
         rec["t"] = round(time.time(), 3)
         line = orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
-        os.write(self._fd, line)
+        os.write(self._file, line)
         self._offset += len(line)
         if self._durable is not None:
             self._durable.wrote()

@@ -60,8 +60,7 @@ def _validate_spec(spec: TeacherSpec) -> None:
     for k in ("slug", "input_per_mtok", "output_per_mtok"):
         if k not in spec:
             raise ValueError(f"teacher spec {spec!r}: missing {k!r}")
-    for k in ("input_per_mtok", "output_per_mtok"):
-        v = spec[k]
+    for k, v in (("input_per_mtok", spec["input_per_mtok"]), ("output_per_mtok", spec["output_per_mtok"])):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < math.inf):
             raise ValueError(
                 f"teacher {spec['slug']!r}: {k} is {v!r}; a price must be a finite number >= 0 (USD per million tokens)"

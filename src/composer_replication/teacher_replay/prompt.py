@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from composer_replication import wire
@@ -57,9 +58,9 @@ def prompt_token_estimate(messages: list[dict[str, str]]) -> int:
     return math.ceil(n_bytes / 4) + 4 * len(messages) + 8
 
 
-def worst_case_usd(prompt_tokens: int, max_tokens: int, spec: dict[str, Any]) -> float:
+def worst_case_usd(prompt_tokens: int, max_tokens: int, spec: Mapping[str, Any]) -> float:
     return (prompt_tokens * spec["input_per_mtok"] + max_tokens * spec["output_per_mtok"]) / 1e6
 
 
-def cost_from_tokens(prompt_tokens: int, completion_tokens: int, spec: dict[str, Any]) -> float:
+def cost_from_tokens(prompt_tokens: int, completion_tokens: int, spec: Mapping[str, Any]) -> float:
     return (prompt_tokens * spec["input_per_mtok"] + completion_tokens * spec["output_per_mtok"]) / 1e6

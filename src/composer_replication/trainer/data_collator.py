@@ -28,9 +28,9 @@ Channels and their keys (present exactly under these conditions):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict, cast
 
 import torch
 
@@ -242,7 +242,9 @@ class ComposerDataCollator:
     def __call__(self, batch: Sequence[TraceExample]) -> dict[str, torch.Tensor]:
         cfg = self.config
         rows_ids, rows_mask, rewards = [], [], []
-        t_ids, t_mask, s_mask = [], [], []
+        t_ids: list[list[int]] = []
+        t_mask: list[list[int]] = []
+        s_mask: list[list[int]] = []
         any_sdpo = False
         for ex in batch:
             turns = list(ex.get("turns") or [])
@@ -252,7 +254,7 @@ class ComposerDataCollator:
             ids, mask, spans = self._encode(msgs, assistant, last, cfg.max_seq_len)
             rows_ids.append(ids)
             rows_mask.append(mask)
-            r = ex.get(cfg.rlvr_reward_key)  # type: ignore[misc]
+            r = cast("Mapping[str, Any]", ex).get(cfg.rlvr_reward_key)
             rewards.append(float(r) if r is not None else 0.0)
             site = (
                 self._error_site(turns, where, msgs, spans)
@@ -305,7 +307,11 @@ class ComposerDataCollator:
         return out
 
     def _error_site(
-        self, turns: list[dict], where: list[int], msgs: list[dict], spans: dict[int, tuple[int, int]]
+        self,
+        turns: Sequence[Mapping[str, Any]],
+        where: list[int],
+        msgs: list[dict],
+        spans: dict[int, tuple[int, int]],
     ) -> tuple[int, str] | None:
         """The last error site whose recovery turn survived truncation and has a hint: (recovery msg, hint)."""
         gen = self.config.hint_generator

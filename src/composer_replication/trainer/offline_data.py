@@ -32,7 +32,7 @@ class Stream:
         return torch.randperm(len(self.items), generator=g).tolist()
 
     def next_batch(self) -> list[Any]:
-        out = []
+        out: list[Any] = []
         while len(out) < min(self.batch_size, len(self.items)):
             if self.pos >= len(self._perm):
                 self.epoch, self.pos = self.epoch + 1, 0

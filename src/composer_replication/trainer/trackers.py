@@ -8,6 +8,7 @@ missing fails at start with the pip command, not half-way through a run.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ class _WandbLike:
         self.mod.finish()
 
 
-def open_trackers(report_to: list[str], out_dir: Path, config: dict) -> list[Any]:
+def open_trackers(report_to: Sequence[str], out_dir: Path, config: dict) -> list[Any]:
     unknown = sorted(set(report_to) - set(SUPPORTED) - {"none"})
     if unknown:
         raise ValueError(f"logging.report_to: unknown tracker(s) {unknown}; choose from {SUPPORTED}")

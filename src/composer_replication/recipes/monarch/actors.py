@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from composer_replication._extras import require
 from composer_replication.safety.kill_switch import KillSwitch, KillSwitchTriggered
@@ -26,6 +26,7 @@ from monarch.actor import Actor, current_rank, endpoint, this_host  # noqa: E402
 
 if TYPE_CHECKING:
     from composer_replication.datagen.sandbox import SandboxType
+    from composer_replication.teacher_replay.types import TeacherSpec, TraceState
 
 if not hasattr(cloudpickle.cloudpickle, "_function_getstate"):  # monarch panics deep in Rust otherwise
     raise ImportError(
@@ -95,7 +96,11 @@ class ReplayWorker(Actor):
         calls = []
         if teachers and states:
             calls = await replay_trace(
-                states, teachers, max_total_usd=max_total_usd, max_tokens=max_tokens, progress=False
+                cast("list[TraceState]", states),
+                cast("list[TeacherSpec]", teachers),
+                max_total_usd=max_total_usd,
+                max_tokens=max_tokens,
+                progress=False,
             )
         return {"states": states, "teacher_calls": calls, "pid": os.getpid()}
 

@@ -101,12 +101,13 @@ def _error_from_body(body: dict[str, Any], status: int, scrub: KeyScrubber) -> T
     err = body.get("error")
     if not isinstance(err, dict):
         err = {"message": str(err)}
-    code = err.get("code")
+    code: Any = err.get("code")
     try:
         code = int(code)
     except (TypeError, ValueError, OverflowError):
         code = status
-    meta = err.get("metadata") if isinstance(err.get("metadata"), dict) else {}
+    meta = err.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
     etype = meta.get("error_type", "")
     msg = (
         f"HTTP {status}"
@@ -114,7 +115,8 @@ def _error_from_body(body: dict[str, Any], status: int, scrub: KeyScrubber) -> T
         + f": {scrub(str(err.get('message', '')))[:300]}"
     )
     retryable = code in RETRYABLE_STATUS or etype in ("rate_limit_exceeded", "timeout")
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    usage = body.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
     billed, cost = BILLED_NOTHING, None
     if usage.get("cost") is not None:
         cost = _number(usage["cost"])
