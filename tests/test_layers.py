@@ -1,0 +1,132 @@
+"""The package's shape, measured on the source tree: layers, import cycles and module size.
+
+Every ``import`` in ``src/composer_replication`` (lazy ones inside functions too) is read with ``ast``.
+A module may import from its own layer or a lower one, never from a higher one, and the module graph has
+no cycles. The layers (lowest first) are the ones docs/architecture.md draws.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "composer_replication"
+PKG = "composer_replication"
+
+# Top-level modules and packages of composer_replication, lowest layer first.
+LAYERS: list[tuple[str, set[str]]] = [
+    ("foundation", {"", "_extras", "_io", "_lock", "config"}),
+    ("primitives", {"kernels", "losses", "encoding", "wire", "models", "safety"}),
+    ("losses", {"channels", "loss", "opsd", "distillation", "batch", "hint_generator"}),
+    ("data", {"ingestion", "teacher_replay", "datagen"}),
+    ("normalisation", {"replaysim"}),
+    ("training", {"trainer"}),
+    ("scale", {"diloco"}),
+    ("orchestration", {"pipeline", "recipes"}),
+    ("cli", {"cli"}),
+]
+LEVEL = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
+MAX_LINES = 450
+
+
+def _sources() -> dict[str, Path]:
+    out = {}
+    for p in SRC.rglob("*.py"):
+        rel = p.relative_to(SRC)
+        if rel.parts[:2] == ("datagen", "tasks"):  # bundled task data (little repositories), not package code
+            continue
+        parts = [PKG, *rel.with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = p
+    return out
+
+
+def _graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (``from pkg import submodule`` counts as the submodule)."""
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        here = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            else:
+                continue
+            edges[mod].update(t for t in targets if t in mods and t != mod)
+    return edges
+
+
+def _top(mod: str) -> str:
+    return mod.split(".")[1] if "." in mod else ""
+
+
+def test_every_top_level_module_has_a_layer():
+    tops = {_top(m) for m in _sources()}
+    assert tops <= set(LEVEL), f"give these a layer in tests/test_layers.py: {sorted(tops - set(LEVEL))}"
+
+
+def test_no_module_imports_from_a_higher_layer():
+    edges = _graph(_sources())
+    upward = sorted(
+        f"{a} ({LAYERS[LEVEL[_top(a)]][0]}) imports {b} ({LAYERS[LEVEL[_top(b)]][0]})"
+        for a, bs in edges.items()
+        for b in bs
+        if LEVEL.get(_top(b), 0) > LEVEL.get(_top(a), 0)
+    )
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycles():
+    edges = _graph(_sources())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                comp.append(w)
+            if comp:
+                cycles.append(sorted([v, *comp]))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_checker_sees_lazy_relative_and_submodule_imports(tmp_path):
+    """The graph reader itself: a cycle through a function-level relative import is found."""
+    pkg = tmp_path / "p"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from . import b\n")
+    (pkg / "b.py").write_text("from p import a\nimport p.c\n")
+    (pkg / "c.py").write_text("")
+    mods = {"p": pkg / "__init__.py", "p.a": pkg / "a.py", "p.b": pkg / "b.py", "p.c": pkg / "c.py"}
+    assert _graph(mods) == {"p": set(), "p.a": {"p.b"}, "p.b": {"p.a", "p.c"}, "p.c": set()}
+
+
+def test_no_module_is_longer_than_the_cap():
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in _sources().values()
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines (split them): {long}"
