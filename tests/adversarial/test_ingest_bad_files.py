@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from composer_replication.ingestion import ClaudeCodeIngester, CodexIngester, ingest_paths
+from composer_replication.ingestion import ClaudeCodeIngester, CodexIngester, ingest_paths, read_states
 
 DATA = Path(__file__).parents[1] / "data" / "sessions"
 GOOD = DATA / "claude_code" / "marot__spotter__short.jsonl"
@@ -65,8 +65,8 @@ def _session_lines() -> list[str]:
     ]  # fmt: skip
 
 
-def _good_rows(out: Path, name: str) -> list[str]:
-    return [x for x in (out / "states.jsonl").read_text().splitlines() if json.loads(x)["trace_id"] == name]
+def _good_rows(out: Path, name: str) -> list[dict]:
+    return [s for s in read_states(out / "states.jsonl") if s["trace_id"] == name]
 
 
 def _assert_good_ingested(stats: dict, out: Path, base: dict, base_out: Path) -> None:
@@ -83,7 +83,7 @@ def _assert_good_ingested(stats: dict, out: Path, base: dict, base_out: Path) ->
         ("deep_input", 2, "nested deeper than"),
         ("deep_result", 3, "unusable user record"),
         ("bigint", 2, "integer too long"),
-        ("codex_deep_args", 3, "unusable function_call item"),
+        ("codex_deep_args", 3, "unusable response_item/function_call record"),
     ],
 )
 def test_hostile_line_is_named_and_the_rest_is_ingested(
@@ -124,7 +124,7 @@ def test_hostile_line_is_named_and_the_rest_is_ingested(
     bad = next(f for f in stats["files"] if f["file"].endswith(name))
     assert bad["first_bad_lines"][0]["line"] == line and reason in bad["first_bad_lines"][0]["reason"]
     assert f"{name}: line {line} (" in r.stdout  # named in the printed summary
-    rows = [json.loads(x) for x in (tmp_path / "out" / "states.jsonl").read_text().splitlines()]
+    rows = list(read_states(tmp_path / "out" / "states.jsonl"))
     mine = [x for x in rows if x["trace_id"] == Path(name).stem]
     if case in ("surrogate", "bigint"):  # repaired, not dropped: the call is in the next state's history
         assert mine and any(
@@ -164,7 +164,7 @@ def test_unreadable_and_vanished_files_are_per_file_errors(tmp_path: Path, monke
     assert "locked.jsonl: permission denied" in r.stdout and f"skipped: {sub}" in r.stdout
 
     # A file deleted between the listing and the read: the real listing, then the file goes away.
-    import composer_replication.ingestion as ing
+    import composer_replication.ingestion._ingest as ing
 
     real_scan = ing.scan_session_files
     doomed = proj / "doomed.jsonl"
@@ -219,7 +219,7 @@ def test_library_ingest_on_a_fifo_does_not_block(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     code = (
         "import sys\nfrom pathlib import Path\n"
-        "from composer_replication.ingestion import ClaudeCodeIngester, CodexIngester, ingest_paths\n"
+        "from composer_replication.ingestion import ClaudeCodeIngester, CodexIngester, ingest_paths, read_states\n"
         "p = Path(sys.argv[1])\n"
         "for cls in (ClaudeCodeIngester, CodexIngester):\n"
         "    ing = cls()\n    assert list(ing.ingest(p)) == []\n    print(ing.last_stats.file_error)\n"

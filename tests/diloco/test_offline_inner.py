@@ -21,15 +21,13 @@ SMALL = [
 @pytest.fixture(scope="module")
 def offline_data(tmp_path_factory) -> Path:
     """Real traces (ingested from the bundled sessions) with a hinted SDPO site, and real recovery pairs."""
-    from composer_replication.ingestion import ingest_paths
+    from composer_replication.ingestion import ingest_paths, read_examples
     from composer_replication.models import build_tiny_tokenizer
     from composer_replication.trainer.offline_data import make_collator, recovery_pairs, trace_batch
 
     out = tmp_path_factory.mktemp("diloco-offline")
     ingest_paths([SESSIONS / name for name in SMALL], out / "ingested")
-    traces = [
-        json.loads(x) for x in (out / "ingested" / "traces.jsonl").read_text().splitlines() if x.strip()
-    ]
+    traces = list(read_examples(out / "ingested" / "traces.jsonl"))
     collator = make_collator(build_tiny_tokenizer(2048), 192, 96, True)
     sites = [
         t for t in traces if trace_batch(collator, [t]).get("sdpo_loss_mask", torch.zeros(1, 1)).sum() > 0

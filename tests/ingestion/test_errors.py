@@ -24,6 +24,14 @@ from composer_replication.ingestion.errors import classify_error, detect_failure
         ("Command timed out after 2m 0s", None, "timeout"),
         ("", 124, "timeout"),
         ("Traceback (most recent call last):\n  File \"x.py\", line 1\nZeroDivisionError: division by zero", 1, "runtime_error"),
+        # issue 15: a failed build that prints TypeError ran fine as a tool call: not a schema error
+        ("Exit code 1\n> next build\nTypeError: Cannot read properties of undefined (reading 'map')\n    at Page", 1, "runtime_error"),
+        ("Exit code 1\nTypeError: f() got an unexpected keyword argument 'x'", 1, "runtime_error"),
+        ("Exit code 1\njson.decoder.JSONDecodeError: Expecting value: line 1 column 1", 1, "runtime_error"),
+        ("MCP tool failed: TypeError: fetch failed", None, "runtime_error"),
+        # zsh and fish write it in lower case
+        ("Exit code 127\nzsh:1: no such file or directory: ./run.sh", 127, "file_not_found"),
+        ("Exit code 1\ncat: missing.txt: no such file or directory", 1, "file_not_found"),
     ],
 )  # fmt: skip
 def test_classify(text: str, code: int | None, kind: str) -> None:

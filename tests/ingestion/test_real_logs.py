@@ -202,8 +202,8 @@ def test_subagent_file_never_leaks_into_outputs(tmp_path: Path) -> None:
     res = ingest_paths([DATA / "claude_code"], tmp_path)
     blob = "".join(
         json.dumps(json.loads(line), ensure_ascii=False)
-        for name in ("states.jsonl", "traces.jsonl")
-        for line in (tmp_path / name).read_text().splitlines()
+        for f in sorted(tmp_path.rglob("*.jsonl"))
+        for line in f.read_text().splitlines()
     )
     assert not [t for t in texts if json.dumps(t, ensure_ascii=False)[1:-1] in blob]
     assert res["totals"]["skipped_subagent"] >= 59

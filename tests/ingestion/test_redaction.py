@@ -1,4 +1,4 @@
-"""Planted secrets never reach states.jsonl / traces.jsonl (through the real CLI); ordinary code is left alone."""
+"""Planted secrets never reach the ingest output (through the real CLI); ordinary code is left alone."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from _ingest_builders import CC, text, tool_use, write_jsonl
 
+from composer_replication.ingestion import read_examples, read_states
 from composer_replication.ingestion.redact import Redactor
 
 rng = random.Random(1234)
@@ -150,8 +151,16 @@ def test_planted_secrets_absent_from_cli_output(tmp_path: Path) -> None:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    blob = (out / "states.jsonl").read_text() + (out / "traces.jsonl").read_text()
-    decoded = "\0".join(_strings([json.loads(line) for line in blob.splitlines()]))
+    # Every byte written under the output folder: the stored sessions (parts/), the references, the stats.
+    blob = "".join(f.read_text() for f in sorted(out.rglob("*")) if f.is_file() and f.suffix != ".uuids")
+    decoded = "\0".join(
+        _strings(
+            [json.loads(line) for f in sorted(out.rglob("*.jsonl")) for line in f.read_text().splitlines()]
+        )
+    )
+    decoded += "\0".join(
+        _strings(list(read_states(out / "states.jsonl")) + list(read_examples(out / "traces.jsonl")))
+    )
     leaked = [(k, v) for k, _, v in secrets if v in decoded or v in blob]
     assert not leaked
     stats = json.loads((out / "ingest_stats.json").read_text())["totals"]["redactions"]

@@ -8,7 +8,14 @@ from pathlib import Path
 
 from _ingest_builders import CC, text, thinking, tool_use, write_jsonl
 
-from composer_replication.ingestion import ClaudeCodeIngester, CodexIngester, find_session_files, ingest_paths
+from composer_replication.ingestion import (
+    ClaudeCodeIngester,
+    CodexIngester,
+    find_session_files,
+    ingest_paths,
+    read_examples,
+    read_states,
+)
 from composer_replication.ingestion._session import estimate_tokens
 
 
@@ -121,7 +128,7 @@ def test_resumed_session_duplicates_dropped_across_files(tmp_path: Path) -> None
     out = ingest_paths([tmp_path / "projects"], tmp_path / "out")
     t = out["totals"]
     assert t["n_duplicates"] == len(cc.records) - 2
-    rows = [json.loads(x) for x in (tmp_path / "out" / "states.jsonl").read_text().splitlines()]
+    rows = list(read_states(tmp_path / "out" / "states.jsonl"))
     assert [r["student_action"] for r in rows].count("Done.") == 1
     assert rows[-1]["student_action"] == "continuing"
 
@@ -201,22 +208,23 @@ def test_codex_pre_058_bare_format(tmp_path: Path) -> None:
     assert s.n_lines == s.n_records_total + s.skipped_truncated_lines
 
 
-def test_state_writer_matches_plain_json(tmp_path: Path) -> None:
-    """The incremental writer (shared history bytes) writes exactly what json.dumps of each state would."""
-    import io
-
-    from composer_replication.ingestion import _write_states
-
+def test_reader_materialises_exactly_the_in_memory_states(tmp_path: Path) -> None:
+    """States and examples read back from the store equal what the ingester builds in memory."""
     cc = CC()
     for i in range(12):
         cc.user(f"prompt {i} " + "w " * 40)
-        cc.assistant([text(f"reply {i}")])
-    p = cc.write(tmp_path / "w.jsonl")
+        a = tool_use("Bash", {"command": f"ls {i}"})
+        cc.assistant([thinking("hmm"), text(f"reply {i}"), a])
+        cc.tool_result(a["id"], "Exit code 1\nboom" if i % 3 == 0 else "ok", is_error=i % 3 == 0)
+    p = cc.write(tmp_path / "proj" / "w.jsonl")
     for mht in (None, 120):
-        states = list(ClaudeCodeIngester(max_history_tokens=mht).ingest(p))
-        buf = io.BytesIO()
-        _write_states(buf, states)
-        assert [json.loads(x) for x in buf.getvalue().splitlines()] == json.loads(json.dumps(states))
+        ing = ClaudeCodeIngester(max_history_tokens=mht)
+        states = list(ing.ingest(p))
+        out = tmp_path / f"out{mht}"
+        ingest_paths([p], out, max_history_tokens=mht)
+        assert list(read_states(out / "states.jsonl")) == json.loads(json.dumps(states))
+        assert list(read_examples(out / "traces.jsonl")) == json.loads(json.dumps(ing.last_examples))
+    assert any(s["messages"][1]["content"] != states[0]["messages"][1]["content"] for s in states[1:])
 
 
 def test_stdlib_json_fallback_gives_the_same_output(tmp_path: Path, monkeypatch) -> None:
@@ -229,7 +237,10 @@ def test_stdlib_json_fallback_gives_the_same_output(tmp_path: Path, monkeypatch)
     monkeypatch.setattr(_json, "dumps", _json._std_dumps)
     monkeypatch.setattr(_json, "JSONDecodeError", json.JSONDecodeError)
     ingest_paths([src], tmp_path / "std")
-    for name in ("states.jsonl", "traces.jsonl"):
-        a = [json.loads(x) for x in (tmp_path / "fast" / name).read_text().splitlines()]
-        b = [json.loads(x) for x in (tmp_path / "std" / name).read_text().splitlines()]
+    for read in (read_states, read_examples):
+        name = "states.jsonl" if read is read_states else "traces.jsonl"
+        a, b = list(read(tmp_path / "fast" / name)), list(read(tmp_path / "std" / name))
         assert a == b and a
+    for part in (tmp_path / "fast" / "parts").glob("*.jsonl"):
+        a = [json.loads(x) for x in part.read_text().splitlines()]
+        assert a == [json.loads(x) for x in (tmp_path / "std" / "parts" / part.name).read_text().splitlines()]

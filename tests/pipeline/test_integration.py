@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from composer_replication._io import read_jsonl
+from composer_replication.ingestion import read_states
 from composer_replication.pipeline.manifest import Manifest
 
 from ._chromium import chromium_available, images_loaded
@@ -38,7 +39,7 @@ def test_run_status_and_rerun(tmp_path, teacher_server):
     assert m.data["config"]["replay"]["max_total_usd"] == 1.0 and m.data["versions"]["torch"]
 
     # replay: every selected state went to every teacher exactly once, and the ledger booked what was billed
-    states = list(read_jsonl(run / "replay" / "states.jsonl"))
+    states = list(read_states(run / "replay" / "states.jsonl"))
     assert states and all(
         s["state_id"].startswith("d-kimuson") for s in states
     )  # held-out trace not replayed

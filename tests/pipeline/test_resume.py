@@ -7,6 +7,7 @@ import json
 import pytest
 
 from composer_replication._io import read_jsonl
+from composer_replication.ingestion import read_states
 from composer_replication.pipeline.manifest import Manifest, hash_path
 from composer_replication.pipeline.runner import CRASH_ENV, CRASH_EXIT_CODE
 
@@ -39,7 +40,7 @@ def test_replay_killed_mid_stage_resumes_without_paying_twice(tmp_path, teacher_
 
     p = cli("run", str(cfg), "--out", str(run), "--until", "pairs")
     assert p.returncode == 0, p.stderr[-3000:]
-    n_states = len(list(read_jsonl(run / "replay" / "states.jsonl")))
+    n_states = len(list(read_states(run / "replay" / "states.jsonl")))
     assert dict(teacher_server.calls) == dict.fromkeys(TEACHERS, n_states)  # each call sent exactly once
     rec = Manifest.load(run).stages["replay"]
     assert rec.status == "done" and rec.attempts == 2

@@ -14,12 +14,12 @@ SESSIONS = Path(__file__).resolve().parents[1] / "data" / "sessions"
 @pytest.fixture(scope="session")
 def ingested(tmp_path_factory) -> Path:
     """``traces.jsonl`` from the bundled sessions (ingestion's own code) + recovery ``pairs.jsonl``."""
-    from composer_replication.ingestion import ingest_paths
+    from composer_replication.ingestion import ingest_paths, read_examples
     from composer_replication.trainer.offline_data import recovery_pairs
 
     out = tmp_path_factory.mktemp("ingested")
     ingest_paths([SESSIONS], out)
-    traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines() if line.strip()]
+    traces = list(read_examples(out / "traces.jsonl"))
     with open(out / "pairs.jsonl", "w") as fh:
         for pair in recovery_pairs(traces):
             fh.write(json.dumps(pair) + "\n")
@@ -30,7 +30,9 @@ def ingested(tmp_path_factory) -> Path:
 def small_data(ingested, tmp_path_factory) -> Path:
     """A few real traces with tool errors and a few real pairs (tiny-model tests)."""
     out = tmp_path_factory.mktemp("small")
-    traces = [json.loads(x) for x in (ingested / "traces.jsonl").read_text().splitlines() if x.strip()]
+    from composer_replication.ingestion import read_examples
+
+    traces = list(read_examples(ingested / "traces.jsonl"))
     from composer_replication.models import build_tiny_tokenizer
     from composer_replication.trainer.offline_data import make_collator, trace_batch
 

@@ -1,8 +1,10 @@
-"""Parse Claude Code / Codex CLI session logs into states.jsonl and traces.jsonl (secrets redacted).
+"""Parse Claude Code / Codex CLI session logs into an ingest folder (secrets redacted).
 
 PATH may be a session .jsonl, a project folder, or a root such as ~/.claude/projects or ~/.codex/sessions;
-without PATH the default roots are used. The format is detected per file. Outputs are written atomically;
-rerunning with unchanged inputs does nothing (use --force to redo).
+without PATH the default roots are used. The format is detected per file. Each session is stored once
+(parts/); states.jsonl and traces.jsonl reference it, sessions.jsonl lists the sessions. Reruns are
+incremental: unchanged files are not read, appended ones resume at their last complete line (--force
+starts over). Trivial sessions (no assistant turn, or only a "Warmup") are left out unless --keep-trivial.
 """
 
 from __future__ import annotations
@@ -51,8 +53,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=8192,
         help="size cap of one traces.jsonl example (estimated tokens)",
     )
-    parser.add_argument("--force", action="store_true", help="rerun even if the inputs did not change")
+    add_filter_arguments(parser)
+    parser.add_argument("--keep-trivial", action="store_true", help="also keep empty and warmup sessions")
+    parser.add_argument("--force", action="store_true", help="re-read every file instead of resuming")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
+    """--since/--until/--project/--session (shared with the ``sessions`` command)."""
+    parser.add_argument(
+        "--since", metavar="DATE", help="sessions that started on/after DATE (YYYY-MM-DD or ISO time)"
+    )
+    parser.add_argument("--until", metavar="DATE", help="sessions that started before the end of DATE")
+    parser.add_argument(
+        "--project",
+        metavar="GLOB",
+        action="append",
+        help="working directory or project folder glob (repeatable)",
+    )
+    parser.add_argument("--session", metavar="ID", action="append", help="session id or prefix (repeatable)")
+
+
+def filter_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"since": args.since, "until": args.until, "project": args.project, "session": args.session}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,36 +105,51 @@ def run(args: argparse.Namespace) -> int:
         example_max_tokens=args.example_max_tokens,
         progress=not args.no_progress and sys.stderr.isatty(),
         force=args.force,
+        keep_trivial=args.keep_trivial,
+        **filter_kwargs(args),
     )
     _print_table(result)
     return 0
 
 
 def _print_table(result: dict[str, Any]) -> None:
-    if result.get("skipped_unchanged"):
-        print(f"inputs unchanged since the last run; outputs in {result['out_dir']} kept (--force to redo)")
     t = result["totals"]
+    status: dict[str, int] = {}
+    for f in result.get("files", []):
+        status[f.get("status", "failed")] = status.get(f.get("status", "failed"), 0) + 1
     rows = [
-        ("files", t["n_files"]), ("files failed", t.get("n_file_errors", 0)),
-        ("entries skipped", t.get("n_files_skipped", 0)), ("records", t["n_records_total"]),
-        ("bad lines", t["skipped_truncated_lines"]), ("malformed records", t["n_malformed_records"]),
-        ("duplicates dropped", t["n_duplicates"]), ("sidechain records skipped", t["skipped_subagent"]),
-        ("API-error records dropped", t["n_api_errors"]), ("compactions", t["n_compactions"]),
+        ("files", t["n_files"]), ("  new / appended / rewritten", "{} / {} / {}".format(
+            status.get("new", 0), status.get("appended", 0), status.get("rewritten", 0))),
+        ("  unchanged (not read)", status.get("unchanged", 0)), ("  failed", t.get("n_file_errors", 0)),
+        ("  filtered out", t.get("n_sessions_filtered", 0)), ("entries skipped", t.get("n_files_skipped", 0)),
+        ("records", t["n_records_total"]), ("bad lines", t["skipped_truncated_lines"]),
+        ("malformed records", t["n_malformed_records"]), ("duplicates dropped", t["n_duplicates"]),
+        ("sidechain records skipped", t["skipped_subagent"]), ("subagent runs kept", t.get("n_subagent_runs", 0)),
+        ("API-error records dropped", t["n_api_errors"]), ("display-only records left out", t.get("n_display_only", 0)),
+        ("context kept (meta, skills, attachments)", t.get("n_context", 0)), ("compactions", t["n_compactions"]),
+        ("traces", t.get("n_traces", 0) - t.get("n_traces_trivial", 0)),
+        ("trivial sessions left out", t.get("n_traces_trivial", 0)),
         ("assistant turns", t["n_assistant_turns"]), ("states written", t["n_states_emitted"]),
         ("tool calls", t["n_tool_use_blocks"]), ("tool errors", t["n_tool_errors"]),
+        ("cancelled parallel calls", t.get("n_cancelled_tool_calls", 0)),
         ("examples written", t["n_examples"]), ("secrets redacted", sum(t["redactions"].values())),
     ]  # fmt: skip
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
-        print(f"  {k:<{width}}  {v:>10,}")
+        print(f"  {k:<{width}}  {v:>10,}" if isinstance(v, int) else f"  {k:<{width}}  {v:>10}")
     if t["error_kinds"]:
         print("  error kinds: " + ", ".join(f"{k}={v}" for k, v in sorted(t["error_kinds"].items())))
     if t["redactions"]:
         print("  redacted: " + ", ".join(f"{k}={v}" for k, v in sorted(t["redactions"].items())))
+    if t.get("attachments_left_out"):
+        print(
+            "  attachments left out: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(t["attachments_left_out"].items()))
+        )
     for w in t["version_warnings"] or []:
         print(f"  warning: {w}")
     _print_problems(result)
-    print(f"wrote {result['out_dir']}/states.jsonl, traces.jsonl, ingest_stats.json")
+    print(f"wrote {result['out_dir']}/states.jsonl, traces.jsonl, sessions.jsonl, ingest_stats.json")
 
 
 def _print_problems(result: dict[str, Any], limit: int = 10) -> None:

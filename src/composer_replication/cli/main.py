@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "sessions -> redact -> replay -> pairs -> normalize -> train -> evaluate -> report, resumable",
     ),
     "status": ("status", "show where a run directory stands: stages done, spend, checkpoints"),
+    "sessions": (
+        "sessions",
+        "list Claude Code / Codex sessions: project, start, turns, tool calls, errors, title",
+    ),
     "ingest": (
         "ingest",
         "parse Claude Code / Codex session logs into states.jsonl and traces.jsonl (secrets redacted)",

@@ -26,9 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from composer_replication.ingestion.store import read_states
     from composer_replication.teacher_replay import extract_dpo_pairs, save_pairs
 
-    states = cast("list[TraceState]", list(read_jsonl(args.states)))
+    states = cast("list[TraceState]", list(read_states(args.states)))
     calls = cast("list[TeacherCallResult]", list(read_jsonl(args.calls)))
     pairs = extract_dpo_pairs(states, calls, agreement_threshold=args.threshold)
     save_pairs(pairs, args.out)

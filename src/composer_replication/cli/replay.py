@@ -1,6 +1,6 @@
 """Send each state to several teacher models under a hard dollar cap.
 
-Reads STATES (states.jsonl: TraceState rows), writes OUT/teacher_calls.jsonl (one row per call,
+Reads STATES (an ingest's states.jsonl, or a file of TraceState rows), writes OUT/teacher_calls.jsonl (one row per call,
 append-only; a rerun sends only what is missing), OUT/ledger.jsonl (the spend ledger) and
 OUT/replay_summary.json. --dry-run prices the run (worst case and expected) without sending anything.
 
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from composer_replication._io import atomic_write_json, read_jsonl
+from composer_replication._io import atomic_write_json
 from composer_replication.cli._types import non_negative_float, positive_float, positive_int
 
 if TYPE_CHECKING:
@@ -124,9 +124,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from composer_replication.ingestion.store import read_states
     from composer_replication.teacher_replay.client import price_run, replay_states
 
-    states = cast("list[TraceState]", list(read_jsonl(args.states)))
+    states = cast("list[TraceState]", list(read_states(args.states)))
     teachers = cast("list[TeacherSpec]", load_teachers(args))
     cache = args.out / "teacher_calls.jsonl"
     ledger = args.out / "ledger.jsonl"

@@ -1,19 +1,45 @@
-"""What every session-format ingester shares: options, redaction accounting, the ingest entry points.
+"""What every session-format ingester shares: options, the two phases, redaction accounting, entry points.
 
-A format supplies ``_conversations(path, records, stats, seen_uuids)``: the file's records turned
-into conversation segments; reading, building states/examples and counting redactions happen here.
+Ingestion runs in two phases so that an appended session resumes where it stopped:
+
+1. **parse** (:meth:`SessionIngester.parse_bytes`): each line becomes one compact, redacted *item* (or
+   nothing), a pure function of the line and a small per-file context (``ctx``: session id, cwd, CLI version
+   seen so far). Items are what the store keeps (``parts/<part>.jsonl``); new lines append new items.
+2. **assemble** (:meth:`SessionIngester.assemble`): a file's items become conversations (branch selection,
+   turn merging, tool pairing, compaction segments, subagent runs), then traces and references (``_build``).
+
+A format supplies ``parse_record(rec, stats, ctx)`` and ``assemble(path, items, stats, inputs)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from composer_replication.ingestion._files import SessionFileError
-from composer_replication.ingestion._reader import json_depth_exceeds, note_line, read_records
-from composer_replication.ingestion._session import BuildOptions, IngestionStats, build, estimate_tokens
+from composer_replication.ingestion._build import Trace, build_traces, example_row, state_rows
+from composer_replication.ingestion._files import SessionFileError, read_session_bytes
+from composer_replication.ingestion._reader import iter_records, json_depth_exceeds, note_line
+from composer_replication.ingestion._session import (
+    BuildOptions,
+    Conversation,
+    IngestionStats,
+    estimate_tokens,
+)
 from composer_replication.ingestion.redact import Redactor
+
+MAX_INPUT_DEPTH = 100
+_RECORD_ERRORS = (TypeError, AttributeError, ValueError, KeyError, RecursionError)
+
+
+@dataclass
+class AssemblyInputs:
+    """What assembling one file needs besides its items (all of it is stored, so a reader can re-assemble)."""
+
+    drop: set[int] = field(default_factory=set)  # item indices already seen in an earlier file of the folder
+    agents_with_files: set[str] = field(default_factory=set)  # subagent ids that have their own transcript
+    link: dict[str, Any] = field(default_factory=dict)  # a subagent transcript's parent (from its .meta.json)
 
 
 class SessionIngester:
@@ -46,13 +72,64 @@ class SessionIngester:
         self.last_stats = IngestionStats()
         self.last_examples: list[dict[str, Any]] = []
 
-    def _conversations(
-        self, path: Path, records: list[dict[str, Any]], stats: IngestionStats, seen: set[str] | None
-    ) -> list[list[Any]]:
-        raise TypeError(f"{type(self).__name__} must define _conversations")  # internal invariant
+    # -- the two phases (formats override parse_record and assemble) ----------------------------------------
+
+    def parse_record(
+        self, rec: dict[str, Any], stats: IngestionStats, ctx: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        raise TypeError(f"{type(self).__name__} must define parse_record")  # internal invariant
+
+    def assemble(
+        self, path: Path, items: list[dict[str, Any]], stats: IngestionStats, inputs: AssemblyInputs
+    ) -> list[Conversation]:
+        raise TypeError(f"{type(self).__name__} must define assemble")  # internal invariant
+
+    def node_only(self, rec: dict[str, Any]) -> dict[str, Any] | None:
+        """What is kept of a record whose content could not be used (Claude Code: its place in the tree)."""
+        return None
+
+    def parse_bytes(
+        self, data: bytes, stats: IngestionStats, ctx: dict[str, Any], first_line: int = 1
+    ) -> list[dict[str, Any]]:
+        """Items of the complete lines in ``data`` (line-level counters and redactions go to ``stats``)."""
+        before = dict(self.redactor.counts)
+        items: list[dict[str, Any]] = []
+        parse = self.parse_record
+        for lineno, rec in iter_records(data, stats, first_line):
+            try:
+                it = parse(rec, stats, ctx)
+            except _RECORD_ERRORS as exc:
+                # A record whose fields have unexpected types: count it, keep the rest of the session.
+                stats.n_malformed_records += 1
+                note_line(stats, lineno, f"unusable {_type_name(rec)} record: {str(exc)[:80]}")
+                it = self.node_only(rec)
+            if it is not None:
+                items.append(it)
+        for k, v in self.redactor.counts.items():
+            if v - before.get(k, 0):
+                stats.redactions[k] = stats.redactions.get(k, 0) + v - before.get(k, 0)
+        return items
+
+    def traces(
+        self,
+        path: Path,
+        items: list[dict[str, Any]],
+        stats: IngestionStats,
+        inputs: AssemblyInputs,
+        base_id: str | None = None,
+    ) -> list[Trace]:
+        convs = self.assemble(path, items, stats, inputs)
+        traces = build_traces(convs, path.stem if base_id is None else base_id, self.opts, stats)
+        stats.n_traces += len(traces)
+        return traces
+
+    # -- the library entry points (one file, in memory) -----------------------------------------------------
 
     def ingest(self, path: Path, *, seen_uuids: set[str] | None = None) -> Iterator[dict[str, Any]]:
-        """Yield ``TraceState``s (``state_id = f"{path.stem}::{idx:04d}"``); examples land in ``last_examples``."""
+        """Yield ``TraceState``s (``state_id = f"{path.stem}::{idx:04d}"``); examples land in ``last_examples``.
+
+        A file that cannot be read yields nothing and says why in ``last_stats.file_error`` (never raises).
+        """
         states, examples, stats = self.ingest_file(Path(path), seen_uuids=seen_uuids)
         self.last_stats, self.last_examples = stats, examples
         yield from states
@@ -60,43 +137,24 @@ class SessionIngester:
     def ingest_file(
         self, path: Path, *, seen_uuids: set[str] | None = None
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], IngestionStats]:
-        """``(states, examples, stats)`` for one file. A file that cannot be read, or whose processing fails,
-        gives no rows and ``stats.file_error`` (one line naming the problem); it never raises."""
+        """``(states, examples, stats)`` of one file, materialised. A file that cannot be read, or whose
+        processing fails, gives no rows and ``stats.file_error`` (one line naming the problem)."""
         stats = IngestionStats(n_files=1)
         self.last_stats = stats
-        before = dict(self.redactor.counts)
-        linenos: list[int] = []
         try:
-            records = read_records(path, stats, linenos)
-            self._records, self._linenos = records, linenos
-            convs = self._conversations(path, records, stats, seen_uuids)
-            states, examples = build(convs, path.stem, self.opts, stats)
+            items = self.parse_bytes(read_session_bytes(path), stats, {})
+            inputs = AssemblyInputs()
+            if seen_uuids is not None:
+                inputs.drop = {i for i, it in enumerate(items) if it.get("u") in seen_uuids}
+                seen_uuids.update(it["u"] for it in items if "u" in it)
+            traces = self.traces(path, items, stats, inputs)
+            states = [row for t in traces for row in state_rows(t, t.states)]
+            examples = [example_row(t, ref) for t in traces for ref in t.examples]
         except SessionFileError as exc:
-            return [], [], _failed(stats, str(exc))
+            return [], [], failed(stats, str(exc))
         except (Exception, RecursionError) as exc:  # one file's surprise must not stop the others
-            return [], [], _failed(stats, f"{path}: {type(exc).__name__}: {str(exc)[:200]}")
-        finally:
-            self._records, self._linenos = [], []
-        for k, v in self.redactor.counts.items():
-            if v - before.get(k, 0):
-                stats.redactions[k] = v - before.get(k, 0)
+            return [], [], failed(stats, f"{path}: {type(exc).__name__}: {str(exc)[:200]}")
         return states, examples, stats
-
-    _records: list[dict[str, Any]] = []
-    _linenos: list[int] = []
-
-    def _bad_record(self, rec: dict[str, Any], stats: IngestionStats, reason: str) -> None:
-        """Count a record whose fields are unusable and remember its line number."""
-        stats.n_malformed_records += 1
-        lineno = next(
-            (
-                n
-                for r, n in zip(self._records, self._linenos, strict=False)
-                if r is rec or r.get("payload") is rec
-            ),
-            0,
-        )
-        note_line(stats, lineno, reason)
 
     def _tool_input(self, value: Any) -> Any:
         """A tool call's input, redacted; refuses absurd nesting (every encoder downstream has a depth limit)."""
@@ -105,10 +163,15 @@ class SessionIngester:
         return self.redactor.redact_obj(value)
 
 
-MAX_INPUT_DEPTH = 100
+def _type_name(rec: dict[str, Any]) -> str:
+    t = rec.get("type")
+    if isinstance(t, str) and isinstance(rec.get("payload"), dict):
+        pt = rec["payload"].get("type")
+        return f"{t}/{pt}" if isinstance(pt, str) else t
+    return t if isinstance(t, str) else "untyped"
 
 
-def _failed(stats: IngestionStats, message: str) -> IngestionStats:
+def failed(stats: IngestionStats, message: str) -> IngestionStats:
     stats.file_error = message
     stats.n_file_errors = 1
     return stats

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,36 +14,46 @@ from composer_replication.ingestion._session import IngestionStats
 
 
 def read_records(path: Path, stats: IngestionStats, linenos: list[int] | None = None) -> list[dict[str, Any]]:
-    """Parse every line of ``path``; count blank-skipped, non-UTF-8 and unparseable lines in ``stats``.
+    """Parse every line of ``path`` (see :func:`iter_records`); ``linenos`` receives each record's line number.
+    Raises :class:`SessionFileError` when the file cannot be read at all (the caller records it per file)."""
+    out: list[dict[str, Any]] = []
+    for lineno, rec in iter_records(read_session_bytes(path), stats):
+        out.append(rec)
+        if linenos is not None:
+            linenos.append(lineno)
+    return out
+
+
+def iter_records(
+    data: bytes, stats: IngestionStats, first_line: int = 1
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for every line of ``data`` that is a JSON object; every other non-blank line
+    is counted in ``stats`` (``skipped_truncated_lines``), never raised.
 
     Lines with invalid UTF-8 (or a lone ``\\ud800``-style surrogate escape) are repaired with U+FFFD and parsed if
     still valid JSON (the bad byte usually sits inside a string); integers too long for a 64-bit value become
-    strings. A torn last line (a session still being written) is one more bad line. The first bad lines are
-    named in ``stats.bad_lines`` (line number and reason). Raises :class:`SessionFileError` when the file
-    cannot be read at all (the caller records it as a per-file error). ``linenos`` receives the line number
-    of each returned record.
+    strings. A torn last line (a session still being written) is one more bad line. The first problem lines
+    are named in ``stats.bad_lines`` (line number and reason).
     """
-    data = read_session_bytes(path)
-    out: list[dict[str, Any]] = []
     loads = _json.loads
-    for lineno, line in enumerate(data.split(b"\n"), 1):
+    decode_error = _json.JSONDecodeError
+    n_ok = 0
+    for lineno, line in enumerate(data.split(b"\n"), first_line):
         if not line or line.isspace():
             continue
         stats.n_lines += 1
         try:
             rec = loads(line)
-        except (_json.JSONDecodeError, UnicodeDecodeError):
+        except (decode_error, UnicodeDecodeError):
             rec = _slow_parse(line, stats, lineno)
         if type(rec) is not dict:
             stats.skipped_truncated_lines += 1
             if rec is not _BAD:
                 note_line(stats, lineno, "not a JSON object")
             continue
-        out.append(rec)
-        if linenos is not None:
-            linenos.append(lineno)
-    stats.n_records_total += len(out)
-    return out
+        n_ok += 1
+        yield lineno, rec
+    stats.n_records_total += n_ok
 
 
 _BAD = object()
@@ -155,16 +166,20 @@ def version_tuple(v: Any) -> tuple[int, int, int] | None:
 
 
 def check_version(
-    v: Any, lo: tuple[int, int, int], hi: tuple[int, int, int], what: str, path: Path, warnings: list[str]
+    v: Any, lo: tuple[int, int, int], hi: tuple[int, int, int], what: str, name: str, warnings: list[str]
 ) -> None:
     """Append a warning when a session was written by a CLI version outside the range we tested."""
     t = version_tuple(v)
     if t is None:
         return
     if t > hi:
-        msg = f"{path.name}: {what} {v} is newer than the newest tested ({'.'.join(map(str, hi))}); check the output"
+        msg = (
+            f"{name}: {what} {v} is newer than the newest tested ({'.'.join(map(str, hi))}); check the output"
+        )
     elif t < lo:
-        msg = f"{path.name}: {what} {v} is older than the oldest tested ({'.'.join(map(str, lo))}); check the output"
+        msg = (
+            f"{name}: {what} {v} is older than the oldest tested ({'.'.join(map(str, lo))}); check the output"
+        )
     else:
         return
     if msg not in warnings:

@@ -1,16 +1,16 @@
-"""The normalised session both parsers produce, and the code that turns it into states and examples.
+"""The normalised session both parsers produce: stats, events, conversations.
 
 A parser (Claude Code, Codex) emits *conversations*; a conversation is a list of *segments* (split at
-compaction boundaries); a segment is a list of :class:`Event` (user text, one merged assistant turn, one tool
-result). Everything downstream — ``TraceState`` rows, ``TraceExample`` rows, error sites, history windows —
-is built here, so both formats give identical shapes.
+compaction boundaries); a segment is a list of :class:`Event` (user text, harness context, one merged assistant
+turn, one tool result). ``_build`` turns conversations into traces, state references and example references, so
+both formats give identical shapes.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from composer_replication import wire
@@ -54,7 +54,18 @@ class IngestionStats:
     n_history_truncated: int = 0
     n_examples: int = 0
     n_file_errors: int = 0
+    n_context: int = 0  # harness context kept (isMeta expansions, Skill bodies, attachments, instructions)
+    n_display_only: int = 0  # display-only records left out (hook progress, turn durations, ...)
+    n_cancelled_tool_calls: int = 0  # parallel calls cancelled because a sibling failed (not errors)
+    n_subagent_runs: int = 0  # sidechain conversations kept (with include_sidechains)
+    n_traces: int = 0
+    n_traces_trivial: int = 0  # warmup / empty sessions left out
+    n_sessions_filtered: int = 0  # session files left out by --since/--until/--project/--session
+    n_records_used: int = 0  # records that contributed to a conversation (n_records_skipped = total - used)
     error_kinds: dict[str, int] = field(default_factory=dict)
+    attachments_left_out: dict[str, int] = field(
+        default_factory=dict
+    )  # attachment types not shown to the model
     redactions: dict[str, int] = field(default_factory=dict)
     # Per file only (not totalled): the first problem lines ({"line", "reason"}) and why the file failed.
     bad_lines: list[dict[str, Any]] = field(default_factory=list)
@@ -64,10 +75,11 @@ class IngestionStats:
         if self.version_warnings is None:
             self.version_warnings = []
 
-    def add(self, other: IngestionStats) -> None:
-        """Accumulate ``other`` into ``self`` (used to total several files)."""
-        for k, v in asdict(other).items():
-            if k in _PER_FILE:
+    def add(self, other: IngestionStats | dict[str, Any]) -> None:
+        """Accumulate ``other`` (stats, or saved counters from :meth:`sparse`) into ``self``."""
+        items = other.items() if isinstance(other, dict) else ((k, getattr(other, k)) for k in _FIELD_NAMES)
+        for k, v in items:
+            if k in _PER_FILE or not v:
                 continue
             mine = getattr(self, k)
             if isinstance(v, int):
@@ -78,11 +90,36 @@ class IngestionStats:
             elif isinstance(v, list):
                 mine.extend(x for x in v if x not in mine)
 
+    def sparse(self) -> dict[str, Any]:
+        """The counters that are not zero/empty (what the index saves per file)."""
+        return {k: v for k, v in self.to_dict().items() if v}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IngestionStats:
+        """A copy of saved counters (dicts and lists copied: ``add`` must never change the saved ones)."""
+        return cls(
+            **{
+                k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
+                for k, v in d.items()
+            }
+        )
+
+    def finish(self) -> IngestionStats:
+        """Derive ``n_records_skipped`` once the file's line and assembly counters are both in."""
+        self.n_records_skipped = max(0, self.n_records_total - self.n_records_used)
+        return self
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """A copy as plain data (dicts and lists copied)."""
+        return {
+            k: dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
+            for k in _FIELD_NAMES
+            for v in (getattr(self, k),)
+        }
 
 
 _PER_FILE = frozenset({"bad_lines", "file_error"})
+_FIELD_NAMES = tuple(f.name for f in fields(IngestionStats))
 
 
 @dataclass(slots=True)
@@ -96,7 +133,7 @@ class Block:
 
 @dataclass(slots=True)
 class Event:
-    kind: str  # "user" | "assistant" | "tool"
+    kind: str  # "user" | "context" | "assistant" | "tool"
     text: str = ""
     blocks: list[Block] | None = None
     key: str = ""  # assistant: the API message id used for merging
@@ -106,6 +143,17 @@ class Event:
     error: str | None = None
     error_kind: str | None = None
     error_meta: dict[str, Any] | None = None
+    context_kind: str = ""  # context: where it came from ("meta", "attachment:<type>", "developer", ...)
+    agent_id: str = ""  # tool: the subagent a Task/Agent call started (toolUseResult.agentId)
+
+
+@dataclass
+class Conversation:
+    """One conversation of a session file: the main one (``suffix == ""``) or a subagent run (``"@<id>"``)."""
+
+    segments: list[list[Event]]
+    suffix: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)  # parent link of a subagent run, title, usage, ...
 
 
 def render_action(blocks: list[Block], *, thinking: bool) -> str:
@@ -159,187 +207,6 @@ def mark_repeats(segment: list[Event]) -> None:
             ev.error_meta["error_kind"] = "repeated_failure"
         else:
             last, count = sig, 1
-
-
-def build(
-    conversations: list[list[list[Event]]], stem: str, opts: BuildOptions, stats: IngestionStats
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Turn parsed conversations into ``(states, examples)`` for one session file."""
-    states: list[dict[str, Any]] = []
-    examples: list[dict[str, Any]] = []
-    idx = 0
-    for conv in conversations:
-        # The tools this conversation calls (a sidechain kept as its own conversation has its own).
-        tools = sorted({b.name for seg in conv for ev in seg if ev.blocks for b in ev.blocks if b.name})
-        system = {"role": "system", "content": wire.system_text(tools, base=opts.system_prompt)}
-        sys_tokens = opts.token_counter(system["content"])
-        for seg_no, seg in enumerate(conv):
-            mark_repeats(seg)
-            _count_kinds(stats, seg)
-            # ``msgs`` is always ``wire.turns_to_messages(turns)``: built turn by turn with wire.append_turn.
-            msgs: list[dict[str, str]] = []
-            cum = [0]  # prefix sums of token estimates over msgs
-            start = 0
-            last_error: dict[str, Any] | None = None
-            turns: list[dict[str, Any]] = []
-            for ev in seg:
-                if ev.kind == "assistant":
-                    stats.n_assistant_turns += 1
-                    action = render_action(ev.blocks or [], thinking=True)
-                    hist = render_action(ev.blocks or [], thinking=not opts.strip_thinking)
-                    sid = f"{stem}::{idx:04d}"
-                    if action:
-                        idx += 1
-                        if opts.max_history_tokens is not None and msgs:
-                            budget = opts.max_history_tokens - sys_tokens
-                            while start < len(msgs) - 1 and cum[-1] - cum[start] > budget:
-                                start += 1
-                            stats.n_history_truncated += int(start > 0)
-                        row: dict[str, Any] = {
-                            "state_id": sid,
-                            "messages": [system, *msgs[start:]],
-                            "student_action": action,
-                            "trace_id": stem,
-                            "turn_index": stats.n_states_emitted,
-                            "source": opts.source,
-                            "tools": tools,
-                        }
-                        if last_error is not None:
-                            row["error_kind"] = last_error["error_kind"]
-                        states.append(row)
-                        stats.n_states_emitted += 1
-                    else:
-                        stats.n_empty_turns += 1
-                    last_error = None
-                    calls = [
-                        {"name": b.name, "arguments": b.input}
-                        for b in ev.blocks or []
-                        if b.kind == "tool_use"
-                    ]
-                    _add(
-                        msgs,
-                        cum,
-                        turns,
-                        {
-                            "role": "assistant",
-                            "content": hist,
-                            "tool_call": calls[0] if calls else None,
-                            "tool_calls": calls,
-                            "state_id": sid if action else None,
-                        },
-                        opts,
-                    )
-                elif ev.kind == "tool":
-                    turn: dict[str, Any] = {
-                        "role": "tool",
-                        "name": ev.tool_name,
-                        "content": ev.text,
-                        "tool_error": ev.error,
-                    }
-                    if ev.error is not None:
-                        meta = dict(ev.error_meta or {})
-                        meta.setdefault("available_tools", tools)
-                        turn["error_meta"] = meta
-                        last_error = meta
-                    _add(msgs, cum, turns, turn, opts)
-                else:
-                    _add(msgs, cum, turns, {"role": "user", "content": ev.text}, opts)
-            examples.extend(_examples(turns, stem, seg_no, opts, len(examples), tools))
-    stats.n_examples += len(examples)
-    return states, examples
-
-
-def _add(
-    msgs: list[dict[str, str]],
-    cum: list[int],
-    turns: list[dict[str, Any]],
-    turn: dict[str, Any],
-    opts: BuildOptions,
-) -> None:
-    """Record ``turn`` and render it into ``msgs`` (``wire.append_turn``), keeping the token prefix sums."""
-    turns.append(turn)
-    n = len(msgs)
-    at = wire.append_turn(msgs, turn)
-    if at < n:  # merged into the last message: its estimate changes
-        cum.pop()
-    cum.append(cum[-1] + opts.token_counter(msgs[at]["content"]))
-
-
-def _turn_tokens(turn: dict[str, Any], opts: BuildOptions) -> int:
-    return opts.token_counter(turn.get("content") or "")
-
-
-def _examples(
-    turns: list[dict[str, Any]], stem: str, seg_no: int, opts: BuildOptions, first_no: int, tools: list[str]
-) -> list[dict[str, Any]]:
-    """Cut one segment's turns into training examples (see docs/ingestion.md, "traces.jsonl").
-
-    * ``episode``: from one human prompt to the next, split into chunks of at most ``example_max_tokens``
-      (later chunks reopen with the prompt so that they stand alone);
-    * ``error_site``: for each failed tool call followed by an assistant turn, the preceding history (within the
-      budget, never across a compaction), the failure and the recovery turn, which ends the example.
-    """
-    out: list[dict[str, Any]] = []
-    budget = opts.example_max_tokens
-
-    def emit(kind: str, ts: list[dict[str, Any]]) -> None:
-        if not any(t["role"] == "assistant" for t in ts):
-            return
-        ex = {
-            "trace_id": stem,
-            "example_id": f"{stem}#{kind}{first_no + len(out):04d}",
-            "kind": kind,
-            "segment": seg_no,
-            "source": opts.source,
-            "turns": ts,
-            "dpo_pairs": None,
-            "tools": tools,
-            "state_ids": [t["state_id"] for t in ts if t["role"] == "assistant" and t.get("state_id")],
-        }
-        out.append(ex)
-
-    # Episodes.
-    starts = [i for i, t in enumerate(turns) if t["role"] == "user"]
-    bounds = [s for i, s in enumerate(starts) if i == 0 or starts[i - 1] != s - 1]  # runs of user turns
-    if not bounds or bounds[0] != 0:
-        bounds = [0, *bounds]
-    bounds.append(len(turns))
-    for a, b in zip(bounds, bounds[1:], strict=False):
-        opening = []
-        i = a
-        while i < b and turns[i]["role"] == "user":
-            opening.append(turns[i])
-            i += 1
-        chunk, used = list(opening), sum(_turn_tokens(t, opts) for t in opening)
-        for t in turns[i:b]:
-            cost = _turn_tokens(t, opts)
-            if (
-                used + cost > budget
-                and any(x["role"] == "assistant" for x in chunk)
-                and t["role"] == "assistant"
-            ):
-                emit("episode", chunk)
-                chunk, used = list(opening), sum(_turn_tokens(x, opts) for x in opening)
-            chunk.append(t)
-            used += cost
-        emit("episode", chunk)
-
-    # Error sites.
-    for i, t in enumerate(turns):
-        if t["role"] != "tool" or t.get("tool_error") is None:
-            continue
-        j = i + 1
-        while j < len(turns) and turns[j]["role"] == "tool":
-            j += 1
-        if j >= len(turns) or turns[j]["role"] != "assistant":
-            continue
-        used = sum(_turn_tokens(x, opts) for x in turns[i : j + 1])
-        k = i
-        while k > 0 and used + _turn_tokens(turns[k - 1], opts) <= budget:
-            k -= 1
-            used += _turn_tokens(turns[k], opts)
-        emit("error_site", turns[k : j + 1])
-    return out
 
 
 def tool_error_meta(

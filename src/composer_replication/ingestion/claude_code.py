@@ -1,18 +1,18 @@
-"""Claude Code session JSONL -> ``TraceState`` stream (one state per assistant turn) and ``TraceExample`` rows.
+"""Claude Code session JSONL -> items (parse) -> conversations (assemble); see ``_claude_assemble`` for phase 2.
 
-The format is unspecified and changes between CLI versions (notes: interfaces.md §1). What this parser does:
+The format is unspecified and changes between CLI versions (notes: interfaces.md §1). Parsing turns each
+record into one compact item, locally (docs/ingestion.md has the table of record types):
 
-* one API response is written as several ``assistant`` lines sharing ``message.id``: they are merged into
-  one turn (one ``TraceState``); parallel tool calls that fork the ``parentUuid`` tree are kept;
-* the active branch of an edited/rewound session is found by walking ``parentUuid`` up from the last turn
-  (through ``logicalParentUuid`` at compaction boundaries); other branches are dropped and counted;
-* records repeated by a resumed session are dropped by ``uuid`` (pass ``seen_uuids`` to share across files);
-* ``compact_boundary`` starts a new segment whose history opens with the compaction summary;
-* synthetic API-error records, ``isMeta`` injections, bookkeeping and unknown record types never reach the
-  history; sidechains (inline ``isSidechain``, ``agent-*.jsonl`` files, ``subagents/`` folders) are skipped by
-  default, or become conversations of their own with ``skip_sidechain=False``;
-* tool results are paired with their calls; failures (``is_error``, ``<tool_use_error>``, a non-zero exit
-  code without the flag) become error sites with an ``error_kind``.
+* ``user`` / ``assistant`` records keep their envelope (uuid, parents, sidechain flag, message id) and their
+  content: text, tool calls (inputs redacted), thinking, tool results (classified: failed? which kind?);
+* ``isMeta`` user records (slash-command expansions, Skill bodies, local-command caveats) and ``attachment``
+  records the model sees (hook context, skill listings, task reminders, ...) become *context*;
+* ``compact_boundary`` marks a new segment, ``isCompactSummary`` opens it; synthetic API errors are marked;
+* ``summary`` / ``ai-title`` / ``custom-title`` give the session title; ``message.usage`` the token totals;
+* ``agent_progress`` records carry a subagent's messages (used when sidechains are included and the
+  subagent has no transcript file of its own);
+* display-only and bookkeeping records (hook/bash progress, turn durations, snapshots, ...) stay only as
+  nodes of the ``parentUuid`` tree (if they have a uuid) and are counted.
 """
 
 from __future__ import annotations
@@ -21,30 +21,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from composer_replication.ingestion._base import SessionIngester
+from composer_replication.ingestion import _claude_assemble
+from composer_replication.ingestion._base import AssemblyInputs, SessionIngester
+from composer_replication.ingestion._claude_assemble import is_subagent_path
 from composer_replication.ingestion._reader import check_version, text_of
-from composer_replication.ingestion._session import (
-    Block,
-    Event,
-    IngestionStats,
-    tool_error_meta,
-)
+from composer_replication.ingestion._session import Conversation, IngestionStats
 from composer_replication.ingestion.errors import classify_error, detect_failure
 from composer_replication.ingestion.redact import Redactor
-from composer_replication.wire import SYSTEM_PROMPT  # the agent's system message (one wire format)
+from composer_replication.wire import SYSTEM_PROMPT
 
-__all__ = ["SYSTEM_PROMPT", "ClaudeCodeIngester", "IngestionStats"]
-
+__all__ = ["SYSTEM_PROMPT", "ClaudeCodeIngester", "IngestionStats", "is_subagent_path"]
 
 TESTED_VERSIONS = ((1, 0, 0), (2, 1, 288))
 _KNOWN_TYPES = frozenset(
     "user assistant system summary file-history-snapshot attachment progress queue-operation ai-title "
     "custom-title last-prompt permission-mode mode worktree-state pr-link agent-setting atis-latch".split()
 )
-
-
-def is_subagent_path(path: Path) -> bool:
-    return path.name.startswith("agent-") or "subagents" in path.parts
+# Attachment types whose text is injected into the model's context (as a system reminder). The other
+# ``hook_*`` attachments record a hook run for the transcript view; their model-facing part, if any, is a
+# separate ``hook_additional_context`` attachment. Types not listed are left out and counted by type.
+CONTEXT_ATTACHMENTS = frozenset(
+    "hook_additional_context skill_listing task_reminder todo_reminder deferred_tools_delta plan_mode "
+    "plan_mode_exit nested_memory critical_system_reminder queued_command date_change edited_text_file "
+    "opened_file_in_ide selected_lines_in_ide diagnostics invoked_skills compact_file_reference "
+    "hook_blocking_error output_style".split()
+)
 
 
 class ClaudeCodeIngester(SessionIngester):
@@ -75,218 +76,246 @@ class ClaudeCodeIngester(SessionIngester):
             example_max_tokens=example_max_tokens,
         )
 
-    # -- parsing -------------------------------------------------------------------------------------------
+    # -- phase 1: one record -> one item ----------------------------------------------------------------
 
-    def _conversations(
-        self, path: Path, records: list[dict[str, Any]], stats: IngestionStats, seen: set[str] | None
-    ) -> list[list[list[Event]]]:
-        local: set[str] = set()
-        kept: list[dict[str, Any]] = []
-        last_version: Any = None
-        for rec in records:
-            if not _well_formed(rec):
-                self._bad_record(rec, stats, "envelope field of the wrong type")
-                continue
-            t = rec.get("type")
+    def parse_record(
+        self, r: dict[str, Any], stats: IngestionStats, ctx: dict[str, Any], nested: bool = False
+    ) -> dict[str, Any] | None:
+        if not _well_formed(r):
+            raise ValueError("envelope field of the wrong type")
+        t = r.get("type")
+        if not nested:
             if t not in _KNOWN_TYPES:
                 stats.n_unknown_types += 1
-            if t == "summary":
-                stats.skipped_summary += 1
-            elif _is_api_error(rec):
-                stats.n_api_errors += 1
-            uid = rec.get("uuid")
-            if isinstance(uid, str):
-                if uid in local or (seen is not None and uid in seen):
-                    stats.n_duplicates += 1
-                    continue
-                local.add(uid)
-            v = rec.get("version")
-            if v is not None and v != last_version:
-                last_version = v
-                check_version(v, *TESTED_VERSIONS, "Claude Code", path, stats.version_warnings)
-            kept.append(rec)
-        if seen is not None:
-            seen.update(local)
-
-        chat = [r for r in kept if r.get("type") in ("user", "assistant")]
-        whole_file_sidechain = is_subagent_path(path) or (
-            chat and all(r.get("isSidechain") is True for r in chat)
-        )
-        if whole_file_sidechain:
-            if self.skip_sidechain:
-                stats.skipped_subagent += len(chat)
-                stats.n_records_skipped = stats.n_records_total
-                return []
-            groups = [kept]
-        else:
-            main = [r for r in kept if r.get("isSidechain") is not True]
-            side = [r for r in kept if r.get("isSidechain") is True]
-            groups = [self._active_branch(main, stats)]
-            if side:
-                if self.skip_sidechain:
-                    stats.skipped_subagent += sum(1 for r in side if r.get("type") in ("user", "assistant"))
-                else:
-                    groups.extend(_sidechain_groups(side))
-        convs = []
-        used = 0
-        for g in groups:
-            conv, n = self._events(g, stats)
-            used += n
-            if any(conv):
-                convs.append([seg for seg in conv if seg])
-        stats.n_records_skipped = stats.n_records_total - used
-        return convs
-
-    def _active_branch(self, recs: list[dict[str, Any]], stats: IngestionStats) -> list[dict[str, Any]]:
-        """Records on the branch that ends at the last turn, plus parallel-call siblings of that branch."""
-        by_uuid = {r["uuid"]: r for r in recs if isinstance(r.get("uuid"), str)}
-        leaf = next(
-            (r for r in reversed(recs) if r.get("type") in ("user", "assistant") and "uuid" in r), None
-        )
-        if leaf is None or not by_uuid:
-            return recs
-        chain: set[str] = set()
-        node: dict[str, Any] | None = leaf
-        while node is not None and node["uuid"] not in chain:
-            chain.add(node["uuid"])
-            parent = node.get("parentUuid") or node.get("logicalParentUuid")
-            node = by_uuid.get(parent) if isinstance(parent, str) else None
-        msg_ids = {_msg_id(r) for r in recs if r.get("uuid") in chain and r.get("type") == "assistant"}
-        out, tool_ids = [], set()
-        for r in recs:
-            uid = r.get("uuid")
-            t = r.get("type")
-            keep = uid in chain or not isinstance(uid, str)
-            if not keep and t == "assistant" and _msg_id(r) in msg_ids:
-                keep = True
-            if not keep and t == "user":
-                ids = _tool_result_ids(r)
-                keep = bool(ids) and ids <= tool_ids
-            if keep:
-                out.append(r)
-                if t == "assistant":
-                    tool_ids.update(_tool_use_ids(r))
-            elif t in ("user", "assistant"):
-                stats.n_off_branch += 1
-        return out
-
-    def _events(self, recs: list[dict[str, Any]], stats: IngestionStats) -> tuple[list[list[Event]], int]:
-        segments: list[list[Event]] = [[]]
-        calls: dict[str, Block] = {}
-        used = 0
-        for r in recs:
-            try:
-                used += self._record(r, segments, calls, stats)
-            except (TypeError, AttributeError, ValueError, KeyError, RecursionError) as exc:
-                # A record whose fields have unexpected types: count it, keep the rest of the session.
-                self._bad_record(r, stats, f"unusable {r.get('type')} record: {str(exc)[:80]}")
-        return segments, used
-
-    def _record(
-        self, r: dict[str, Any], segments: list[list[Event]], calls: dict[str, Block], stats: IngestionStats
-    ) -> int:
-        """Add one record's events; returns 1 if the record was used, else 0."""
-        red = self.redactor.redact
-        t = r.get("type")
+            v = r.get("version")
+            if v is not None and v != ctx.get("ver"):
+                ctx["ver"] = v
+                check_version(
+                    v, *TESTED_VERSIONS, "Claude Code", ctx.get("file", "session"), stats.version_warnings
+                )
+        if self.skip_sidechain and r.get("isSidechain") is True and not nested:
+            return self.node_only(r) or {"t": t, "sc": 1}  # never used: keep its place, not its text
+        if t == "progress" and not nested and (self.skip_sidechain or not _agent_progress(r)):
+            stats.n_display_only += 1  # the most common record: only its place in the tree matters
+            return self.node_only(r)
+        it: dict[str, Any] = {"t": t}
+        uid = r.get("uuid")
+        if uid is not None:
+            it["u"] = uid
+        for src, dst in (("parentUuid", "p"), ("logicalParentUuid", "lp")):
+            if r.get(src) is not None:
+                it[dst] = r[src]
+        if r.get("isSidechain") is True:
+            it["sc"] = 1
+            if isinstance(r.get("agentId"), str):
+                it["ag"] = r["agentId"]
+        if not nested and (
+            r.get("sessionId") != ctx.get("sid")
+            or r.get("cwd") != ctx.get("cwd")
+            or r.get("gitBranch") != ctx.get("branch")
+        ):
+            meta = {k: r[f] for k, f in _META_FIELDS if isinstance(r.get(f), str) and r[f] != ctx.get(k)}
+            if meta:
+                ctx.update(meta)
+                it["meta"] = meta
+        if t == "assistant" or t == "user":
+            if isinstance(r.get("timestamp"), str):
+                it["ts"] = r["timestamp"]
+            msg = r.get("message")
+            if not isinstance(msg, dict):
+                return it
+            if t == "assistant":
+                if _is_api_error(r):
+                    if not nested:
+                        stats.n_api_errors += 1
+                    it["x"] = 1
+                    return it
+                self._assistant(r, msg, it)
+            else:
+                self._user(r, msg, it)
+            return it
         if t == "system":
-            if r.get("subtype") != "compact_boundary":
-                return 0
-            stats.n_compactions += 1
-            if segments[-1]:
-                segments.append([])
-            return 1
-        msg = r.get("message")
-        if t not in ("user", "assistant") or not isinstance(msg, dict) or _is_api_error(r):
-            return 0
-        seg = segments[-1]
-        if t == "assistant":
-            key = _msg_id(r)
-            blocks = self._assistant_blocks(msg.get("content"), stats)
-            for b in blocks:
-                if b.kind == "tool_use":
-                    calls[b.id] = b
-            last = next((e for e in reversed(seg) if e.kind != "tool"), None)
-            if last is not None and last.kind == "assistant" and last.key == key:
-                assert last.blocks is not None
-                last.blocks.extend(blocks)
+            sub = r.get("subtype")
+            if sub == "compact_boundary":
+                it["cb"] = 1
+            elif sub == "api_error":
+                stats.n_api_errors += 1
+                it["x"] = 1
             else:
-                seg.append(Event("assistant", blocks=blocks, key=key))
-            return 1
-        if r.get("isCompactSummary"):
-            if seg:
-                segments.append([])
-            segments[-1].append(Event("user", text=red(text_of(msg.get("content")))))
-            return 1
-        if r.get("isMeta"):
-            stats.n_meta_skipped += 1
-            return 0
-        content = msg.get("content")
-        if isinstance(content, str):
-            if content.strip():
-                seg.append(Event("user", text=red(content)))
-            return 1
-        for b in content if isinstance(content, list) else []:
-            if not isinstance(b, dict):
-                continue
-            if b.get("type") == "tool_result":
-                seg.append(self._tool_event(b, r, calls, stats))
-            else:
-                text = text_of([b])
+                stats.n_display_only += 1
+        elif t == "summary":
+            stats.skipped_summary += 1
+            if isinstance(r.get("summary"), str):
+                it["ti"] = ["summary", self.redactor.redact(r["summary"]), r.get("leafUuid")]
+        elif t in ("ai-title", "custom-title"):
+            key = "aiTitle" if t == "ai-title" else "customTitle"
+            if isinstance(r.get(key), str):
+                it["ti"] = [t[:-6], self.redactor.redact(r[key])]
+        elif t == "attachment":
+            a = r.get("attachment")
+            kind = a.get("type") if isinstance(a, dict) else None
+            if kind in CONTEXT_ATTACHMENTS:
+                text = _attachment_text(a)
                 if text.strip():
-                    seg.append(Event("user", text=red(text)))
-        return 1
+                    it["e"] = [{"k": "c", "c": f"attachment:{kind}", "t": self.redactor.redact(text)}]
+            else:
+                it["ad"] = str(kind)  # left out; counted by type at assembly
+        elif t == "progress" and not nested:
+            d = r.get("data")
+            if isinstance(d, dict) and d.get("type") == "agent_progress" and not self.skip_sidechain:
+                inner = d.get("message")
+                if isinstance(inner, dict) and inner.get("type") in ("user", "assistant"):
+                    sub = self.parse_record(inner, stats, ctx, nested=True)
+                    if sub is not None:
+                        it["ap"] = {
+                            "a": str(d.get("agentId") or ""),
+                            "ptu": r.get("parentToolUseID"),
+                            "it": sub,
+                        }
+                        return it
+            stats.n_display_only += 1
+        else:
+            stats.n_display_only += 1
+        if len(it) == 1:  # a record without a uuid that carries nothing: not even a tree node
+            return None
+        return it
 
-    def _assistant_blocks(self, content: Any, stats: IngestionStats) -> list[Block]:
+    def node_only(self, rec: dict[str, Any]) -> dict[str, Any] | None:
+        if not _well_formed(rec) or not isinstance(rec.get("uuid"), str):
+            return None
+        it: dict[str, Any] = {"t": rec.get("type"), "u": rec["uuid"]}
+        for src, dst in (("parentUuid", "p"), ("logicalParentUuid", "lp")):
+            if rec.get(src) is not None:
+                it[dst] = rec[src]
+        if rec.get("isSidechain") is True:
+            it["sc"] = 1
+        return it
+
+    def _assistant(self, r: dict[str, Any], msg: dict[str, Any], it: dict[str, Any]) -> None:
         red = self.redactor.redact
+        mid = msg.get("id")
+        it["m"] = mid if isinstance(mid, str) else str(r.get("uuid", ""))
+        content = msg.get("content")
+        blocks: list[dict[str, Any]] = []
         if isinstance(content, str):
-            stats.n_text_blocks += 1
-            return [Block("text", red(content))]
-        out = []
+            blocks.append({"k": "text", "t": red(content)})
         for b in content if isinstance(content, list) else []:
             if not isinstance(b, dict):
                 continue
             kind = b.get("type")
             if kind == "text":
-                stats.n_text_blocks += 1
-                out.append(Block("text", red(str(b.get("text") or ""))))
+                blocks.append({"k": "text", "t": red(str(b.get("text") or ""))})
             elif kind == "tool_use":
-                stats.n_tool_use_blocks += 1
-                tool_input = self._tool_input(b.get("input", {}))
-                out.append(
-                    Block(
-                        "tool_use",
-                        name=str(b.get("name") or "unknown"),
-                        input=tool_input,
-                        id=str(b.get("id") or ""),
-                    )
+                blocks.append(
+                    {
+                        "k": "tool_use",
+                        "n": str(b.get("name") or "unknown"),
+                        "i": self._tool_input(b.get("input", {})),
+                        "id": str(b.get("id") or ""),
+                    }
                 )
             elif kind == "thinking":
-                stats.n_thinking_blocks += 1
-                out.append(Block("thinking", red(str(b.get("thinking") or ""))))
-        return out
+                blocks.append({"k": "thinking", "t": red(str(b.get("thinking") or ""))})
+        it["b"] = blocks
+        usage = msg.get("usage")
+        if isinstance(usage, dict):
+            it["us"] = [_int(usage.get(k)) for k in _USAGE_KEYS]
+            if isinstance(r.get("requestId"), str):
+                it["rq"] = r["requestId"]
 
-    def _tool_event(
-        self, b: dict[str, Any], rec: dict[str, Any], calls: dict[str, Block], stats: IngestionStats
-    ) -> Event:
-        stats.n_tool_results += 1
-        tid = str(b.get("tool_use_id") or "")
-        call = calls.get(tid)
-        if call is None:
-            stats.n_orphan_tool_results += 1
-        name = call.name if call else "unknown"
-        tool_input = call.input if call else None
+    def _user(self, r: dict[str, Any], msg: dict[str, Any], it: dict[str, Any]) -> None:
+        red = self.redactor.redact
+        content = msg.get("content")
+        if r.get("isCompactSummary"):
+            it["s"] = red(text_of(content))
+            return
+        if r.get("isMeta"):
+            text = text_of(content)
+            if text.strip():
+                it["e"] = [{"k": "c", "c": _meta_kind(text), "t": red(text)}]
+            return
+        events: list[dict[str, Any]] = []
+        if isinstance(content, str):
+            if content.strip():
+                events.append({"k": "u", "t": red(content)})
+        for b in content if isinstance(content, list) else []:
+            if not isinstance(b, dict):
+                continue
+            if b.get("type") == "tool_result":
+                events.append(self._tool_result(b, r))
+            else:
+                text = text_of([b])
+                if text.strip():
+                    events.append({"k": "u", "t": red(text)})
+        it["e"] = events
+
+    def _tool_result(self, b: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
         raw = text_of(b.get("content"))
         structured = rec.get("toolUseResult")
+        ev: dict[str, Any] = {"k": "r", "id": str(b.get("tool_use_id") or ""), "t": self.redactor.redact(raw)}
+        if isinstance(structured, dict) and isinstance(structured.get("agentId"), str):
+            ev["ag"] = structured["agentId"]
+        if is_cancellation(raw):
+            ev["can"] = 1  # a parallel call cancelled because a sibling failed: it did not fail itself
+            return ev
         failed, code = detect_failure(raw, is_error_flag=b.get("is_error") is True, structured=structured)
-        text = self.redactor.redact(raw)
-        ev = Event("tool", text=text, tool_name=name, tool_use_id=tid, tool_input=tool_input)
         if failed:
-            stats.n_tool_errors += 1
-            kind = classify_error(raw, exit_code=code, denial=rec.get("toolDenialKind"))
-            ev.error_kind = kind
-            ev.error_meta = tool_error_meta(kind, name, text, tool_input, code)
-            ev.error = ev.error_meta["error_message"] or "(empty error output)"
+            ev["f"] = 1
+            ev["ek"] = classify_error(raw, exit_code=code, denial=rec.get("toolDenialKind"))
+            if code is not None:
+                ev["c"] = code
         return ev
+
+    # -- phase 2 -------------------------------------------------------------------------------------------
+
+    def assemble(
+        self, path: Path, items: list[dict[str, Any]], stats: IngestionStats, inputs: AssemblyInputs
+    ) -> list[Conversation]:
+        return _claude_assemble.conversations(self, path, items, stats, inputs)
+
+
+_META_FIELDS = (("sid", "sessionId"), ("cwd", "cwd"), ("branch", "gitBranch"))
+_USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+def _agent_progress(r: dict[str, Any]) -> bool:
+    d = r.get("data")
+    return isinstance(d, dict) and d.get("type") == "agent_progress"
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def is_cancellation(text: str) -> bool:
+    head = text[:300]
+    return "Sibling tool call errored" in head or "Cancelled: parallel tool call" in head
+
+
+def _meta_kind(text: str) -> str:
+    head = text[:300]
+    if head.startswith("Base directory for this skill"):
+        return "skill"
+    if "<local-command-caveat>" in head or head.startswith("Caveat: The messages below"):
+        return "caveat"
+    return "meta"
+
+
+def _attachment_text(a: dict[str, Any]) -> str:
+    import json
+
+    c = a.get("content")
+    if c is None:
+        if isinstance(a.get("addedNames"), list):
+            return "Tools available: " + ", ".join(str(x) for x in a["addedNames"])
+        c = {k: v for k, v in a.items() if k not in ("type", "toolUseID", "hookEvent", "hookName")}
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return "\n".join(
+            x if isinstance(x, str) else json.dumps(x, ensure_ascii=False, default=str) for x in c
+        )
+    return json.dumps(c, ensure_ascii=False, default=str)
 
 
 _STR_OR_NONE = ("uuid", "parentUuid", "logicalParentUuid", "type", "subtype")
@@ -308,49 +337,5 @@ def _well_formed(r: dict[str, Any]) -> bool:
 
 
 def _is_api_error(r: dict[str, Any]) -> bool:
-    if r.get("type") == "system":
-        return r.get("subtype") == "api_error"
-    if r.get("type") != "assistant":
-        return False
     m = r.get("message")
     return bool(r.get("isApiErrorMessage")) or (isinstance(m, dict) and m.get("model") == "<synthetic>")
-
-
-def _msg_id(r: dict[str, Any]) -> str:
-    m = r.get("message")
-    mid = m.get("id") if isinstance(m, dict) else None
-    return mid if isinstance(mid, str) else str(r.get("uuid", id(r)))
-
-
-def _tool_use_ids(r: dict[str, Any]) -> set[str]:
-    c = r.get("message", {}).get("content") if isinstance(r.get("message"), dict) else None
-    return (
-        {b.get("id") for b in c if isinstance(b, dict) and b.get("type") == "tool_use"}
-        if isinstance(c, list)
-        else set()
-    )
-
-
-def _tool_result_ids(r: dict[str, Any]) -> set[str]:
-    c = r.get("message", {}).get("content") if isinstance(r.get("message"), dict) else None
-    if not isinstance(c, list):
-        return set()
-    return {
-        b["tool_use_id"]
-        for b in c
-        if isinstance(b, dict) and b.get("type") == "tool_result" and isinstance(b.get("tool_use_id"), str)
-    }
-
-
-def _sidechain_groups(side: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Split inline sidechain records into one group per subagent run (by root of the parent chain)."""
-    parent = {r["uuid"]: r.get("parentUuid") for r in side if isinstance(r.get("uuid"), str)}
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in side:
-        node = r.get("uuid")
-        seen = set()
-        while isinstance(node, str) and parent.get(node) in parent and node not in seen:
-            seen.add(node)
-            node = parent[node]
-        groups.setdefault(str(node), []).append(r)
-    return list(groups.values())

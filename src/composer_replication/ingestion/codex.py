@@ -19,17 +19,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from composer_replication.ingestion._base import SessionIngester
+from composer_replication.ingestion._base import AssemblyInputs, SessionIngester
 from composer_replication.ingestion._reader import check_version, text_of
 from composer_replication.ingestion._session import (
     Block,
+    Conversation,
     Event,
     IngestionStats,
     tool_error_meta,
 )
-from composer_replication.ingestion.claude_code import SYSTEM_PROMPT
 from composer_replication.ingestion.errors import classify_error, detect_failure
 from composer_replication.ingestion.redact import Redactor
+from composer_replication.wire import SYSTEM_PROMPT
 
 __all__ = ["CodexIngester"]
 
@@ -77,154 +78,104 @@ class CodexIngester(SessionIngester):
             example_max_tokens=example_max_tokens,
         )
 
-    def _conversations(
-        self, path: Path, records: list[dict[str, Any]], stats: IngestionStats, seen: set[str] | None
-    ) -> list[list[Any]]:
-        items = self._items(path, records, stats)
-        convs = [self._segments(items, stats)] if items is not None else []
-        return [[s for s in c if s] for c in convs if any(c)]
+    # -- phase 1: one line -> one item ------------------------------------------------------------------
 
-    def _items(
-        self, path: Path, records: list[dict[str, Any]], stats: IngestionStats
-    ) -> list[dict[str, Any]] | None:
-        """Normalise both formats to a list of Responses items (plus ``{"type": "_compacted"}`` markers)."""
-        items: list[dict[str, Any]] = []
-        used = 0
-        for i, rec in enumerate(records):
-            t = rec.get("type")
-            payload = rec.get("payload")
-            if not isinstance(t, (str, type(None))):
-                self._bad_record(rec, stats, "type field of the wrong type")
-                continue
-            if t in _ENVELOPE_TYPES and isinstance(payload, dict):
-                if t == "response_item":
-                    items.append(payload)
-                    used += 1
-                elif t == "compacted":
-                    items.append({"type": "_compacted", **payload})
-                    stats.n_compactions += 1
-                    used += 1
-                elif t == "session_meta":
-                    check_version(
-                        payload.get("cli_version"),
-                        *TESTED_VERSIONS,
-                        "Codex CLI",
-                        path,
-                        stats.version_warnings,
+    def parse_record(
+        self, rec: dict[str, Any], stats: IngestionStats, ctx: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        first = not ctx.get("seen")
+        ctx["seen"] = True
+        t = rec.get("type")
+        if not isinstance(t, (str, type(None))):
+            raise ValueError("type field of the wrong type")
+        payload = rec.get("payload")
+        if t in _ENVELOPE_TYPES and isinstance(payload, dict):
+            if t == "response_item":
+                return self._response_item(payload, rec.get("timestamp"))
+            if t == "compacted":
+                text = payload.get("message") or ""
+                history = payload.get("replacement_history")
+                if not text and isinstance(history, list):
+                    text = "\n\n".join(
+                        f"{h.get('role', 'user')}: {text_of(h.get('content'))}"
+                        for h in history
+                        if isinstance(h, dict)
                     )
-                    src = payload.get("source")
-                    if self.skip_sidechain and isinstance(src, dict) and "subagent" in src:
-                        stats.skipped_subagent += len(records)
-                        stats.n_records_skipped = stats.n_records_total
-                        return None
-                elif t == "event_msg" and payload.get("type") == "context_compacted":
-                    pass
-            elif rec.get("record_type") == "state":
-                continue
-            elif t in _BARE_ITEMS:
-                items.append(rec)
-                used += 1
-            elif i == 0 and "id" in rec and "timestamp" in rec and t is None:
-                check_version(
-                    rec.get("cli_version"), *TESTED_VERSIONS, "Codex CLI", path, stats.version_warnings
-                )
-            elif t not in _ENVELOPE_TYPES:
-                stats.n_unknown_types += 1
-        stats.n_records_skipped = stats.n_records_total - used
-        return items
+                return {"t": "cmp", "tx": self.redactor.redact(f"[COMPACTED CONTEXT]\n{text}")}
+            if t == "session_meta":
+                return self._meta(payload, stats, ctx)
+            if t == "event_msg" and payload.get("type") == "token_count":
+                info = payload.get("info")
+                tot = info.get("total_token_usage") if isinstance(info, dict) else None
+                if isinstance(tot, dict):
+                    return {"t": "tok", "v": {k: tot[k] for k in _TOKEN_KEYS if isinstance(tot.get(k), int)}}
+            stats.n_display_only += 1  # event_msg repeats response items; turn_context is per-turn settings
+            return None
+        if rec.get("record_type") == "state":
+            return None
+        if t in _BARE_ITEMS:
+            return self._response_item(rec, rec.get("timestamp"))
+        if first and "id" in rec and "timestamp" in rec and t is None:
+            return self._meta(rec, stats, ctx)
+        if t not in _ENVELOPE_TYPES:
+            stats.n_unknown_types += 1
+        return None
 
-    def _segments(self, items: list[dict[str, Any]], stats: IngestionStats) -> list[list[Event]]:
-        segments: list[list[Event]] = [[]]
-        calls: dict[str, Block] = {}
-        current: Event | None = None  # the assistant turn being built
-        for it in items:
-            try:
-                current = self._item(it, segments, calls, current, stats)
-            except (TypeError, AttributeError, ValueError, KeyError, RecursionError) as exc:
-                self._bad_record(it, stats, f"unusable {it.get('type')} item: {str(exc)[:80]}")
-                current = None
-        return segments
+    def _meta(self, payload: dict[str, Any], stats: IngestionStats, ctx: dict[str, Any]) -> dict[str, Any]:
+        check_version(
+            payload.get("cli_version"),
+            *TESTED_VERSIONS,
+            "Codex CLI",
+            ctx.get("file", "rollout"),
+            stats.version_warnings,
+        )
+        it: dict[str, Any] = {"t": "meta"}
+        for src, dst in (
+            ("id", "session_id"),
+            ("cwd", "cwd"),
+            ("timestamp", "ts"),
+            ("cli_version", "version"),
+        ):
+            if isinstance(payload.get(src), str):
+                it[dst] = payload[src]
+        src = payload.get("source")
+        if isinstance(src, dict) and "subagent" in src:
+            sub = src["subagent"]
+            it["sub"] = sub if isinstance(sub, (dict, str)) else True
+        return it
 
-    def _item(
-        self,
-        it: dict[str, Any],
-        segments: list[list[Event]],
-        calls: dict[str, Block],
-        current: Event | None,
-        stats: IngestionStats,
-    ) -> Event | None:
-        """Add one Responses item; returns the assistant turn still open after it (or None)."""
+    def _response_item(self, p: dict[str, Any], ts: Any) -> dict[str, Any] | None:
         red = self.redactor.redact
-        t = it.get("type")
-        seg = segments[-1]
-        if t == "_compacted":
-            history = it.get("replacement_history")
-            text = it.get("message") or ""
-            if not text and isinstance(history, list):
-                text = "\n\n".join(
-                    f"{h.get('role', 'user')}: {text_of(h.get('content'))}"
-                    for h in history
-                    if isinstance(h, dict)
-                )
-            segments.append([Event("user", text=red(f"[COMPACTED CONTEXT]\n{text}"))])
-            current = None
-            return current
+        t = p.get("type")
         if t == "message":
-            role = it.get("role")
-            text = text_of(it.get("content"))
+            role = p.get("role")
+            text = text_of(p.get("content"))
             if role == "assistant":
-                current = self._turn(current, seg, stats)
-                assert current.blocks is not None
-                stats.n_text_blocks += 1
-                current.blocks.append(Block("text", red(text)))
-            elif role == "user":
-                current = None
-                if text.strip():
-                    seg.append(Event("user", text=red(text)))
-            else:
-                stats.n_meta_skipped += 1  # developer / system instructions
-            return current
+                return {"t": "at", "tx": red(text)}
+            kind = "developer" if role != "user" else _context_kind(text)
+            if kind:
+                return {"t": "c", "c": kind, "tx": red(text)} if text.strip() else None
+            it = {"t": "u", "tx": red(text)}
+            if isinstance(ts, str):
+                it["ts"] = ts
+            return it
+        if t == "reasoning":
+            summary = p.get("summary")
+            return {"t": "ah", "tx": red(text_of(summary) if isinstance(summary, list) else "")}
         if t in _MODEL_ITEMS:
-            current = self._turn(current, seg, stats)
-            assert current.blocks is not None
-            if t == "reasoning":
-                summary = it.get("summary")
-                text = text_of(summary) if isinstance(summary, list) else ""
-                stats.n_thinking_blocks += 1
-                current.blocks.append(Block("thinking", red(text)))
-                return current
-            name, tool_input = _call(it)
-            stats.n_tool_use_blocks += 1
-            b = Block(
-                "tool_use",
-                name=name,
-                input=self._tool_input(tool_input),
-                id=str(it.get("call_id") or ""),
-            )
-            current.blocks.append(b)
-            if b.id:
-                calls[b.id] = b
-            return current
+            name, tool_input = _call(p)
+            return {
+                "t": "au",
+                "n": name,
+                "i": self._tool_input(tool_input),
+                "id": str(p.get("call_id") or ""),
+            }
         if t in _OUTPUT_ITEMS:
-            current = None
-            seg.append(self._tool_event(it, calls, stats))
-        return current
+            return self._output(p)
+        return None
 
-    @staticmethod
-    def _turn(current: Event | None, seg: list[Event], stats: IngestionStats) -> Event:
-        if current is None:
-            current = Event("assistant", blocks=[], key=str(len(seg)))
-            seg.append(current)
-        return current
-
-    def _tool_event(self, it: dict[str, Any], calls: dict[str, Block], stats: IngestionStats) -> Event:
-        stats.n_tool_results += 1
-        cid = str(it.get("call_id") or "")
-        call = calls.get(cid)
-        if call is None:
-            stats.n_orphan_tool_results += 1
-        name = call.name if call else "unknown"
-        raw = it.get("output")
+    def _output(self, p: dict[str, Any]) -> dict[str, Any]:
+        raw = p.get("output")
         structured: Any = None
         if isinstance(raw, str) and raw.startswith("{"):
             try:
@@ -236,18 +187,131 @@ class CodexIngester(SessionIngester):
         else:
             text = text_of(raw)
             structured = None
+        it: dict[str, Any] = {"t": "r", "id": str(p.get("call_id") or ""), "tx": self.redactor.redact(text)}
         failed, code = detect_failure(text, is_error_flag=False, structured=structured)
-        red_text = self.redactor.redact(text)
-        ev = Event(
-            "tool", text=red_text, tool_name=name, tool_use_id=cid, tool_input=call.input if call else None
-        )
         if failed:
+            it["f"] = 1
+            it["ek"] = classify_error(text, exit_code=code)
+            if code is not None:
+                it["c"] = code
+        return it
+
+    # -- phase 2: items -> one conversation -----------------------------------------------------------------
+
+    def assemble(
+        self, path: Path, items: list[dict[str, Any]], stats: IngestionStats, inputs: AssemblyInputs
+    ) -> list[Conversation]:
+        meta: dict[str, Any] = {}
+        for it in items:
+            if it["t"] == "meta":
+                if "sub" in it and self.skip_sidechain:
+                    stats.skipped_subagent += len(items)
+                    return []
+                for k in ("session_id", "cwd", "version"):
+                    if k in it:
+                        meta.setdefault(k, it[k])
+                if "sub" in it:
+                    meta["parent"] = it["sub"]
+                    meta["sidechain"] = True
+        segments: list[list[Event]] = [[]]
+        calls: dict[str, Block] = {}
+        current: Event | None = None  # the assistant turn being built
+        ts = [it["ts"] for it in items if "ts" in it]
+        usage = None
+        for it in items:
+            t = it["t"]
+            seg = segments[-1]
+            if t == "tok":
+                usage = it["v"]
+                continue
+            if t == "meta":
+                continue
+            stats.n_records_used += 1
+            if t == "cmp":
+                stats.n_compactions += 1
+                segments.append([Event("user", text=it["tx"])])
+                current = None
+            elif t == "u":
+                current = None
+                if it["tx"].strip():
+                    seg.append(Event("user", text=it["tx"]))
+            elif t == "c":
+                stats.n_context += 1
+                if it["c"] != "developer":
+                    current = None
+                seg.append(Event("context", text=it["tx"], context_kind=it["c"]))
+            elif t in ("at", "ah", "au"):
+                current = self._turn(current, seg)
+                assert current.blocks is not None
+                if t == "at":
+                    stats.n_text_blocks += 1
+                    current.blocks.append(Block("text", it["tx"]))
+                elif t == "ah":
+                    stats.n_thinking_blocks += 1
+                    current.blocks.append(Block("thinking", it["tx"]))
+                else:
+                    stats.n_tool_use_blocks += 1
+                    b = Block("tool_use", name=it["n"], input=it["i"], id=it["id"])
+                    current.blocks.append(b)
+                    if b.id:
+                        calls[b.id] = b
+            elif t == "r":
+                current = None
+                seg.append(self._tool_event(it, calls, stats))
+        if ts:
+            meta.update(start=min(ts), end=max(ts))
+        if usage:
+            meta["usage"] = usage
+        conv = Conversation([s for s in segments if s], "", meta)
+        return [conv] if conv.segments else []
+
+    @staticmethod
+    def _turn(current: Event | None, seg: list[Event]) -> Event:
+        if current is None:
+            current = Event("assistant", blocks=[], key=str(len(seg)))
+            seg.append(current)
+        return current
+
+    def _tool_event(self, it: dict[str, Any], calls: dict[str, Block], stats: IngestionStats) -> Event:
+        stats.n_tool_results += 1
+        call = calls.get(it["id"])
+        if call is None:
+            stats.n_orphan_tool_results += 1
+        name = call.name if call else "unknown"
+        ev = Event(
+            "tool",
+            text=it["tx"],
+            tool_name=name,
+            tool_use_id=it["id"],
+            tool_input=call.input if call else None,
+        )
+        if it.get("f"):
             stats.n_tool_errors += 1
-            kind = classify_error(text, exit_code=code)
-            ev.error_kind = kind
-            ev.error_meta = tool_error_meta(kind, name, red_text, ev.tool_input, code)
+            ev.error_kind = it["ek"]
+            ev.error_meta = tool_error_meta(it["ek"], name, it["tx"], ev.tool_input, it.get("c"))
             ev.error = ev.error_meta["error_message"] or "(empty error output)"
         return ev
+
+
+_TOKEN_KEYS = (
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "reasoning_output_tokens",
+    "total_tokens",
+)
+_CONTEXT_PREFIXES = (
+    ("<environment_context>", "environment"),
+    ("<user_instructions>", "instructions"),
+    ("# AGENTS.md instructions", "instructions"),
+    ("<INSTRUCTIONS>", "instructions"),
+)
+
+
+def _context_kind(text: str) -> str:
+    """User-role messages the harness writes (environment, AGENTS.md): context, not the user's own words."""
+    head = text.lstrip()[:40]
+    return next((kind for prefix, kind in _CONTEXT_PREFIXES if head.startswith(prefix)), "")
 
 
 def _call(it: dict[str, Any]) -> tuple[str, Any]:

@@ -45,8 +45,10 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
     ),
     (
         "type_error",
+        # The tool call's arguments did not fit the tool's schema. A bare "TypeError" is not enough: it is what
+        # failing programs print (a JavaScript build, a Python traceback), not a malformed call.
         re.compile(
-            r"InputValidationError|TypeError|invalid_type|[Rr]equired parameter .{0,40} is missing"
+            r"InputValidationError|invalid_type|[Rr]equired parameter .{0,40} is missing"
             r"|[Uu]nexpected (?:parameter|keyword argument)|[Ii]nvalid (?:parameter|argument)s?\b"
             r"|expected .{0,20}, (?:got|received) "
         ),
@@ -73,7 +75,7 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
     (
         "file_not_found",
         re.compile(
-            r"No such file or directory|File does not exist|ENOENT|FileNotFoundError|[Pp]ath does not exist"
+            r"[Nn]o such file or directory|File does not exist|ENOENT|FileNotFoundError|[Pp]ath does not exist"
         ),
     ),
     ("output_too_large", re.compile(r"exceeds maximum allowed|[Oo]utput too large|exceeds the maximum")),
@@ -121,12 +123,20 @@ def detect_failure(text: str, *, is_error_flag: bool, structured: Any = None) ->
     return False, code
 
 
+# Kinds that describe the tool *call* (no such tool, arguments not JSON, arguments not fitting the schema).
+# When a command ran and reported an exit code, the call itself was fine: those words in its output are
+# the program's own errors (a failed ``npm run build`` printing "TypeError", a traceback's JSONDecodeError).
+CALL_KINDS = frozenset({"tool_not_found", "json_decode", "type_error"})
+
+
 def classify_error(text: str, *, exit_code: int | None = None, denial: Any = None) -> str:
     """Map an error text to one of :data:`ERROR_KINDS` (never ``repeated_failure``: that needs history)."""
     if denial:
         return "permission_denied"
     head = text[:3000]
     for kind, rx in _RULES:
+        if exit_code is not None and kind in CALL_KINDS:
+            continue
         if rx.search(head):
             return kind
     if exit_code == 124:  # the exit status of timeout(1)

@@ -3,8 +3,9 @@
 Each stage is a thin call into the library (ingestion, teacher_replay, replaysim, trainer, datagen)
 with fixed file names in the run directory, so the runner can hash inputs and outputs:
 
-    ingest/        states.jsonl traces.jsonl ingest_stats.json     (secrets redacted here)
-    split/         train_states.jsonl train_traces.jsonl heldout_states.jsonl
+    ingest/        parts/ states.jsonl traces.jsonl sessions.jsonl ingest_stats.json   (secrets redacted here;
+                   each session stored once in parts/, the .jsonl files reference it: ingestion.store)
+    split/         train_states.jsonl train_traces.jsonl heldout_states.jsonl      (references into ingest/)
     replay/        teacher_calls.jsonl  cache.jsonl ledger.jsonl   (cache + ledger make reruns free)
     pairs/         raw_pairs.jsonl per_teacher.json
     normalize/     pairs.jsonl                                     (NormalizedDPOPair rows)
@@ -48,8 +49,9 @@ def _ingest(ctx: RunContext) -> dict[str, Any]:
         raise ValueError(
             "sources.paths is empty: list your session files or directories (e.g. ~/.claude/projects)"
         )
-    # force: the runner already decided this stage must run (inputs, config or outputs changed)
-    stats = ingest_paths(src.paths, ctx.path("ingest"), redact=src.redact, progress=True, force=True)
+    # Incremental: the runner decided this stage must run (inputs, config or outputs changed); ingest_paths
+    # re-reads only the session files that changed and rewrites every output (a fresh ingest gives the same).
+    stats = ingest_paths(src.paths, ctx.path("ingest"), redact=src.redact, progress=True)
     totals = stats.get("totals", {})
     keep = ("n_states_emitted", "n_examples", "n_tool_errors")
     return {
@@ -64,11 +66,15 @@ def trace_of(state_id: str) -> str:
 
 
 def _split(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.ingestion.store import EXAMPLES_FORMAT, read_refs, write_refs
     from composer_replication.pipeline.evaluate import is_error_site
 
     src = ctx.config.sources
-    states = list(read_jsonl(ctx.path("ingest", "states.jsonl")))
-    traces = list(read_jsonl(ctx.path("ingest", "traces.jsonl")))
+    # References only: nothing is materialised to split (each row names its trace; error sites carry error_kind).
+    states_path, traces_path = ctx.path("ingest", "states.jsonl"), ctx.path("ingest", "traces.jsonl")
+    s_head, s_rows = read_refs(states_path)
+    t_head, t_rows = read_refs(traces_path, EXAMPLES_FORMAT)
+    states, traces = list(s_rows), list(t_rows)
     ids = sorted({trace_of(s["state_id"]) for s in states} | {t["trace_id"] for t in traces})
     if src.heldout_traces:
         unknown = sorted(set(src.heldout_traces) - set(ids))
@@ -83,14 +89,20 @@ def _split(ctx: RunContext) -> dict[str, Any]:
         held = {t for t in ids if u(t) < src.heldout_fraction}
         if not held and src.heldout_fraction > 0 and len(ids) > 1:
             held = {min(ids, key=u)}
-    write_jsonl_atomic(
-        ctx.path("split", "train_states.jsonl"), (s for s in states if trace_of(s["state_id"]) not in held)
+    write_refs(
+        ctx.path("split", "train_states.jsonl"),
+        s_head,
+        (s for s in states if trace_of(s["state_id"]) not in held),
+        src=states_path,
     )
-    write_jsonl_atomic(
-        ctx.path("split", "train_traces.jsonl"), (t for t in traces if t["trace_id"] not in held)
+    write_refs(
+        ctx.path("split", "train_traces.jsonl"),
+        t_head,
+        (t for t in traces if t["trace_id"] not in held),
+        src=traces_path,
     )
     sites = [s for s in states if trace_of(s["state_id"]) in held and is_error_site(s)]
-    write_jsonl_atomic(ctx.path("split", "heldout_states.jsonl"), sites)
+    write_refs(ctx.path("split", "heldout_states.jsonl"), s_head, sites, src=states_path)
     return {
         "traces": len(ids),
         "heldout_traces": len(held),
@@ -117,28 +129,34 @@ def teacher_specs(ctx: RunContext) -> list[TeacherSpec]:
     return out
 
 
-def _shorten(state: dict[str, Any], keep: int | None) -> dict[str, Any]:
-    if keep is None:
-        return state
-    msgs = state["messages"]
-    head = msgs[:1] if msgs and msgs[0]["role"] == "system" else []
-    tail = msgs[len(head) :][-keep:]
-    return {**state, "messages": head + tail}
-
-
-def replay_selection(ctx: RunContext) -> list[TraceState]:
+def replay_refs(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The state references the replay stage sends (header, rows): the config's selection, and
+    ``history_messages`` as each reference's ``last`` (the reader keeps the system message and the last N)."""
+    from composer_replication.ingestion.store import read_refs
     from composer_replication.pipeline.evaluate import is_error_site
 
     rc = ctx.config.replay
-    states = list(read_jsonl(ctx.path("split", "train_states.jsonl")))
+    head, rows = read_refs(ctx.path("split", "train_states.jsonl"))
+    refs = list(rows)
     if rc.states == "error_sites":
-        states = [s for s in states if is_error_site(s)]
+        refs = [s for s in refs if is_error_site(s)]
     if rc.max_states is not None:
-        states = states[: rc.max_states]
-    return [cast("TraceState", _shorten(s, rc.history_messages)) for s in states]
+        refs = refs[: rc.max_states]
+    if rc.history_messages is not None:
+        refs = [{**s, "last": rc.history_messages} for s in refs]
+    return head, refs
+
+
+def replay_selection(ctx: RunContext) -> list[TraceState]:
+    """The states the replay stage sends, materialised (``TraceState`` rows)."""
+    from composer_replication.ingestion.store import open_store
+
+    head, refs = replay_refs(ctx)
+    return cast("list[TraceState]", list(open_store(head, ctx.path("split", "train_states.jsonl")).states(refs)))
 
 
 def _replay(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.ingestion.store import open_store, write_refs
     from composer_replication.pipeline.preflight import check_later_stages
     from composer_replication.teacher_replay.client import replay_states
 
@@ -146,8 +164,9 @@ def _replay(ctx: RunContext) -> dict[str, Any]:
     names = [s.name for s in build_stages() if s.enabled(ctx.config)]
     last = names.index(ctx.until) if ctx.until in names else len(names) - 1
     check_later_stages(ctx, names[names.index("replay") + 1 : last + 1])  # before anything is paid for
-    states = replay_selection(ctx)
-    write_jsonl_atomic(ctx.path("replay", "states.jsonl"), states)
+    head, refs = replay_refs(ctx)
+    write_refs(ctx.path("replay", "states.jsonl"), head, refs, src=ctx.path("split", "train_states.jsonl"))
+    states = list(open_store(head, ctx.path("split", "train_states.jsonl")).states(refs))
     rep = asyncio.run(
         replay_states(
             states, teacher_specs(ctx), max_total_usd=rc.max_total_usd, cache_path=ctx.path("replay", "cache.jsonl"),
@@ -187,10 +206,11 @@ def _release_local_teachers() -> None:
 
 
 def _pairs(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.ingestion.store import read_states
     from composer_replication.teacher_replay import extract_dpo_pairs, save_pairs
     from composer_replication.teacher_replay.actions import canonical_action
 
-    states = cast("list[TraceState]", list(read_jsonl(ctx.path("replay", "states.jsonl"))))
+    states = cast("list[TraceState]", list(read_states(ctx.path("replay", "states.jsonl"))))
     calls = cast("list[TeacherCallResult]", list(read_jsonl(ctx.path("replay", "teacher_calls.jsonl"))))
     pairs = extract_dpo_pairs(states, calls, agreement_threshold=ctx.config.pairs.agreement_threshold)
     save_pairs(pairs, ctx.path("pairs", "raw_pairs.jsonl"))
@@ -223,10 +243,13 @@ def _normalize(ctx: RunContext) -> dict[str, Any]:
 
 
 def _evaluate(ctx: RunContext) -> dict[str, Any]:
+    from itertools import islice
+
+    from composer_replication.ingestion.store import read_states
     from composer_replication.pipeline.evaluate import GreedyGenerator, evaluate_sites
 
     ec = ctx.config.evaluate
-    sites = list(read_jsonl(ctx.path("split", "heldout_states.jsonl")))[: ec.max_sites]
+    sites = list(islice(read_states(ctx.path("split", "heldout_states.jsonl")), ec.max_sites))
     cache = ctx.path("eval", "generations.jsonl")
     result: dict[str, Any] = {
         "note": "Recovery at held-out error sites: valid = well-formed action; tool match = same tool sequence as the "
@@ -279,7 +302,12 @@ def build_stages() -> list[Stage]:
             "ingest",
             ("sources",),
             lambda ctx: [Path(p) for p in ctx.config.sources.paths],
-            _p("ingest/states.jsonl", "ingest/traces.jsonl", "ingest/ingest_stats.json"),
+            _p(
+                "ingest/states.jsonl",
+                "ingest/traces.jsonl",
+                "ingest/sessions.jsonl",
+                "ingest/ingest_stats.json",
+            ),
             _ingest,
             description="parse sessions, redact secrets",
         ),

@@ -58,11 +58,12 @@ def is_held_out(key: str, fraction: float) -> bool:
 
 
 def load_rows(path: str | Path | None) -> list[dict]:
+    """Rows of a JSONL file; an ingest's references (traces.jsonl, states.jsonl) come back materialised."""
     if path is None:
         return []
-    from composer_replication._io import read_jsonl
+    from composer_replication.ingestion.store import read_rows
 
-    return list(read_jsonl(path))
+    return list(read_rows(path))
 
 
 def split(rows: list[dict], key_fn, fraction: float) -> tuple[list[dict], list[dict]]:
