@@ -37,7 +37,9 @@ class ModelConfig(_Model):
 
 
 class DataConfig(_Model):
-    traces: Path | None = Field(None, description="traces.jsonl (TraceExample rows) from `ingest`")
+    traces: Path | None = Field(
+        None, description="traces.jsonl from `ingest` (read through `ingestion.store`) or TraceExample rows"
+    )
     pairs: Path | None = Field(None, description="pairs.jsonl (DPOPair or NormalizedDPOPair rows)")
     max_seq_len: int = Field(1024, ge=16, le=131072, description="token cap for student/teacher sequences")
     max_dpo_seq_len: int = Field(
