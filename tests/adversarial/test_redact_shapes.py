@@ -339,8 +339,15 @@ def ingested(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    raw = (out / "states.jsonl").read_text() + (out / "traces.jsonl").read_text()
-    decoded = "\0".join(s for line in raw.splitlines() for s in _decoded_strings(json.loads(line)))
+    # Every byte the ingest wrote (the stored sessions in parts/, the references, sessions.jsonl, the stats),
+    # and every string of the states and examples as the reader materialises them.
+    from composer_replication.ingestion import read_examples, read_states
+
+    files = sorted(f for f in out.rglob("*") if f.is_file() and f.suffix != ".uuids")
+    raw = "".join(f.read_text() for f in files)
+    rows = [json.loads(line) for f in files if f.suffix == ".jsonl" for line in f.read_text().splitlines()]
+    rows += list(read_states(out / "states.jsonl")) + list(read_examples(out / "traces.jsonl"))
+    decoded = "\0".join(s for row in rows for s in _decoded_strings(row))
     stats = json.loads((out / "ingest_stats.json").read_text())["totals"]
     return {"raw": raw, "decoded": decoded, "stats": stats, "planted": planted}  # fmt: skip
 

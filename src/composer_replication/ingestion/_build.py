@@ -91,8 +91,12 @@ def _build_one(conv: Conversation, trace_id: str, opts: BuildOptions, stats: Ing
         for ev in seg:
             if ev.kind == "assistant":
                 stats.n_assistant_turns += 1
-                action = render_action(ev.blocks or [], thinking=True)
-                hist = render_action(ev.blocks or [], thinking=not opts.strip_thinking)
+                blocks = ev.blocks or []
+                action = render_action(blocks, thinking=True)
+                if opts.strip_thinking and any(b.kind == "thinking" for b in blocks):
+                    hist = render_action(blocks, thinking=False)
+                else:
+                    hist = action
                 sid = f"{trace_id}::{idx:04d}"
                 if action:
                     idx += 1

@@ -85,9 +85,7 @@ def process_folder(job: FolderJob) -> list[FileResult]:
                 agents_with_files=set(job.agents), link=link(f) if f.name.startswith("agent-") else {}
             )
             if e["format"] == "claude_code" and not job.clean:
-                packed = (
-                    ix.uuid_digests(items) if items is not None else _part_path(out, e, ".uuids").read_bytes()
-                )
+                packed = _part_path(out, e, ".uuids").read_bytes()  # parse() wrote it for a parsed file
                 digests = ix.iter_digests(packed)
                 inputs.drop = {i for i, d in digests if d in seen}
                 seen.update(d for _, d in digests)

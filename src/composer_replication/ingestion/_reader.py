@@ -37,23 +37,26 @@ def iter_records(
     """
     loads = _json.loads
     decode_error = _json.JSONDecodeError
-    n_ok = 0
-    for lineno, line in enumerate(data.split(b"\n"), first_line):
-        if not line or line.isspace():
-            continue
-        stats.n_lines += 1
-        try:
-            rec = loads(line)
-        except (decode_error, UnicodeDecodeError):
-            rec = _slow_parse(line, stats, lineno)
-        if type(rec) is not dict:
-            stats.skipped_truncated_lines += 1
-            if rec is not _BAD:
-                note_line(stats, lineno, "not a JSON object")
-            continue
-        n_ok += 1
-        yield lineno, rec
-    stats.n_records_total += n_ok
+    n_ok = n_lines = 0
+    try:
+        for lineno, line in enumerate(data.split(b"\n"), first_line):
+            if not line or line.isspace():
+                continue
+            n_lines += 1
+            try:
+                rec = loads(line)
+            except (decode_error, UnicodeDecodeError):
+                rec = _slow_parse(line, stats, lineno)
+            if type(rec) is not dict:
+                stats.skipped_truncated_lines += 1
+                if rec is not _BAD:
+                    note_line(stats, lineno, "not a JSON object")
+                continue
+            n_ok += 1
+            yield lineno, rec
+    finally:
+        stats.n_lines += n_lines
+        stats.n_records_total += n_ok
 
 
 _BAD = object()

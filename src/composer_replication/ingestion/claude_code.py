@@ -116,8 +116,10 @@ class ClaudeCodeIngester(SessionIngester):
         ):
             meta = {k: r[f] for k, f in _META_FIELDS if isinstance(r.get(f), str) and r[f] != ctx.get(k)}
             if meta:
-                ctx.update(meta)
-                it["meta"] = meta
+                ctx.update(
+                    meta
+                )  # the context keeps the raw values (to notice changes); items get redacted ones
+                it["meta"] = {k: v if k == "sid" else self.redactor.redact(v) for k, v in meta.items()}
         if t == "assistant" or t == "user":
             if isinstance(r.get("timestamp"), str):
                 it["ts"] = r["timestamp"]

@@ -137,11 +137,11 @@ class CodexIngester(SessionIngester):
             ("cli_version", "version"),
         ):
             if isinstance(payload.get(src), str):
-                it[dst] = payload[src]
+                it[dst] = self.redactor.redact(payload[src]) if dst == "cwd" else payload[src]
         src = payload.get("source")
         if isinstance(src, dict) and "subagent" in src:
             sub = src["subagent"]
-            it["sub"] = sub if isinstance(sub, (dict, str)) else True
+            it["sub"] = self._tool_input(sub) if isinstance(sub, (dict, str)) else True
         return it
 
     def _response_item(self, p: dict[str, Any], ts: Any) -> dict[str, Any] | None:

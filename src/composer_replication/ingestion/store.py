@@ -43,7 +43,9 @@ __all__ = [
 FORMAT_VERSION = 2
 STATES_FORMAT = "composer-replication/states"
 EXAMPLES_FORMAT = "composer-replication/examples"
-_REINGEST = "re-ingest the sessions: composer-replication ingest PATHS --out DIR"
+_REINGEST = (
+    "re-ingest the sessions: composer-replication ingest PATHS --out DIR, or `run CONFIG --force ingest`"
+)
 
 
 class StoreFormatError(DataFileError):

@@ -89,20 +89,18 @@ def _split(ctx: RunContext) -> dict[str, Any]:
         held = {t for t in ids if u(t) < src.heldout_fraction}
         if not held and src.heldout_fraction > 0 and len(ids) > 1:
             held = {min(ids, key=u)}
-    write_refs(
-        ctx.path("split", "train_states.jsonl"),
-        s_head,
-        (s for s in states if trace_of(s["state_id"]) not in held),
-        src=states_path,
-    )
-    write_refs(
-        ctx.path("split", "train_traces.jsonl"),
-        t_head,
-        (t for t in traces if t["trace_id"] not in held),
-        src=traces_path,
-    )
     sites = [s for s in states if trace_of(s["state_id"]) in held and is_error_site(s)]
-    write_refs(ctx.path("split", "heldout_states.jsonl"), s_head, sites, src=states_path)
+    for name, head, rows, src_path in (
+        (
+            "train_states.jsonl",
+            s_head,
+            [s for s in states if trace_of(s["state_id"]) not in held],
+            states_path,
+        ),
+        ("train_traces.jsonl", t_head, [t for t in traces if t["trace_id"] not in held], traces_path),
+        ("heldout_states.jsonl", s_head, sites, states_path),
+    ):
+        write_refs(ctx.path("split", name), head, rows, src=src_path)
     return {
         "traces": len(ids),
         "heldout_traces": len(held),
