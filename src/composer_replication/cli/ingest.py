@@ -56,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_filter_arguments(parser)
     parser.add_argument("--keep-trivial", action="store_true", help="also keep empty and warmup sessions")
     parser.add_argument("--force", action="store_true", help="re-read every file instead of resuming")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes (project folders in parallel; default 1)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -106,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         force=args.force,
         keep_trivial=args.keep_trivial,
+        jobs=max(1, args.jobs),
         **filter_kwargs(args),
     )
     _print_table(result)
