@@ -9,7 +9,10 @@ changed). Returns per-file results; the caller writes them in order.
 
 from __future__ import annotations
 
+import gc
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,24 @@ def ingesters(kw: dict[str, Any]) -> dict[str, Any]:
 
 
 def process_folder(job: FolderJob) -> list[FileResult]:
+    with no_gc():
+        return _process_folder(job)
+
+
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """The cyclic garbage collector off while parsing: millions of short-lived dicts and lists, no cycles; its
+    passes over the live items cost ~20% of the ingest time. Restored on exit."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _process_folder(job: FolderJob) -> list[FileResult]:
     out = Path(job.out)
     ing = ingesters(job.ingester_kw)
     seen: set[bytes] = set()

@@ -194,19 +194,20 @@ class Store:
 
     def _assemble(self, row: dict[str, Any]) -> dict[str, Trace]:
         from composer_replication.ingestion._base import AssemblyInputs
+        from composer_replication.ingestion._folder import no_gc
         from composer_replication.ingestion._index import expand_ranges, read_part
         from composer_replication.ingestion._session import IngestionStats
 
         asm = row["asm"]
-        items = read_part(self.root / "parts" / f"{row['part']}.jsonl")
         inputs = AssemblyInputs(
             drop=expand_ranges(asm.get("drop", [])),
             agents_with_files=set(asm.get("agents", [])),
             link=asm.get("link", {}),
         )
-        traces = self._ingester(row["source"]).traces(
-            Path(row["file"]), items, IngestionStats(), inputs, asm["base"]
-        )
+        with no_gc():
+            items = read_part(self.root / "parts" / f"{row['part']}.jsonl")
+            ing = self._ingester(row["source"])
+            traces = ing.traces(Path(row["file"]), items, IngestionStats(), inputs, asm["base"])
         return {t.trace_id: t for t in traces}
 
     def states(self, refs: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
