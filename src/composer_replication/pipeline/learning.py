@@ -38,11 +38,13 @@ def paired(before: list[float], after: list[float]) -> dict[str, Any]:
 
 
 def heldout_traces(run_dir: Path) -> list[dict]:
-    """The ingested traces that the split kept out of training."""
-    from composer_replication._io import read_jsonl
+    """The ingested traces (``TraceExample`` rows) that the split kept out of training."""
+    from composer_replication.ingestion.store import EXAMPLES_FORMAT, open_store, read_refs
 
-    train = {t["trace_id"] for t in read_jsonl(run_dir / "split" / "train_traces.jsonl")}
-    return [t for t in read_jsonl(run_dir / "ingest" / "traces.jsonl") if t["trace_id"] not in train]
+    train = {t["trace_id"] for t in read_refs(run_dir / "split" / "train_traces.jsonl", EXAMPLES_FORMAT)[1]}
+    path = run_dir / "ingest" / "traces.jsonl"
+    head, refs = read_refs(path, EXAMPLES_FORMAT)
+    return list(open_store(head, path).examples(r for r in refs if r["trace_id"] not in train))
 
 
 def site_comparison(

@@ -90,21 +90,15 @@ def _split(ctx: RunContext) -> dict[str, Any]:
         if not held and src.heldout_fraction > 0 and len(ids) > 1:
             held = {min(ids, key=u)}
     sites = [s for s in states if trace_of(s["state_id"]) in held and is_error_site(s)]
-    for name, head, rows, src_path in (
-        (
-            "train_states.jsonl",
-            s_head,
-            [s for s in states if trace_of(s["state_id"]) not in held],
-            states_path,
-        ),
-        ("train_traces.jsonl", t_head, [t for t in traces if t["trace_id"] not in held], traces_path),
-        ("heldout_states.jsonl", s_head, sites, states_path),
-    ):
-        write_refs(ctx.path("split", name), head, rows, src=src_path)
+    train = [s for s in states if trace_of(s["state_id"]) not in held]
+    write_refs(ctx.path("split", "train_states.jsonl"), s_head, train, src=states_path)
+    write_refs(ctx.path("split", "heldout_states.jsonl"), s_head, sites, src=states_path)
+    train_ex = [t for t in traces if t["trace_id"] not in held]
+    write_refs(ctx.path("split", "train_traces.jsonl"), t_head, train_ex, src=traces_path)
     return {
         "traces": len(ids),
         "heldout_traces": len(held),
-        "train_states": sum(trace_of(s["state_id"]) not in held for s in states),
+        "train_states": len(train),
         "heldout_error_sites": len(sites),
     }
 
@@ -154,7 +148,7 @@ def replay_selection(ctx: RunContext) -> list[TraceState]:
 
 
 def _replay(ctx: RunContext) -> dict[str, Any]:
-    from composer_replication.ingestion.store import open_store, write_refs
+    from composer_replication.ingestion.store import write_refs
     from composer_replication.pipeline.preflight import check_later_stages
     from composer_replication.teacher_replay.client import replay_states
 
@@ -164,7 +158,7 @@ def _replay(ctx: RunContext) -> dict[str, Any]:
     check_later_stages(ctx, names[names.index("replay") + 1 : last + 1])  # before anything is paid for
     head, refs = replay_refs(ctx)
     write_refs(ctx.path("replay", "states.jsonl"), head, refs, src=ctx.path("split", "train_states.jsonl"))
-    states = list(open_store(head, ctx.path("split", "train_states.jsonl")).states(refs))
+    states = replay_selection(ctx)
     rep = asyncio.run(
         replay_states(
             states, teacher_specs(ctx), max_total_usd=rc.max_total_usd, cache_path=ctx.path("replay", "cache.jsonl"),
