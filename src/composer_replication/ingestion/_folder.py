@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -144,10 +145,12 @@ def _part_path(out: Path, e: dict[str, Any], suffix: str) -> Path:
 
 
 def part_ok(out: Path, e: dict[str, Any]) -> bool:
+    """The file's part is there and holds at least the items the index vouches for."""
+    base = os.path.join(out, "parts", e.get("part", ""))
     try:
-        size = _part_path(out, e, ".jsonl").stat().st_size
+        size = os.stat(base + ".jsonl").st_size
         if e["format"] == "claude_code":
-            _part_path(out, e, ".uuids").stat()
+            os.stat(base + ".uuids")
     except (OSError, KeyError):
         return False
     return size >= e.get("part_bytes", 1 << 62)

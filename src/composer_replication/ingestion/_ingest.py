@@ -84,12 +84,11 @@ def ingest_paths(
     only a "Warmup" exchange) are left out unless ``keep_trivial``. Everything left out is counted.
     ``jobs > 1`` processes project folders in that many worker processes (same output, byte for byte).
     """
-    from composer_replication.ingestion.claude_code import is_subagent_path
     from composer_replication.wire import SYSTEM_PROMPT
 
     out = Path(out_dir)
     paths = list(paths)
-    keep = None if not skip_sidechain else (lambda f, root: not is_subagent_path(f.relative_to(root)))
+    keep = None if not skip_sidechain else _not_subagent
     files, skipped = scan_session_files(paths, keep=keep)
     if not files:
         why = f" ({len(skipped)} skipped: {skipped[0]['path']}: {skipped[0]['reason']})" if skipped else ""
@@ -113,11 +112,12 @@ def ingest_paths(
               skip_sidechain=skip_sidechain)  # fmt: skip
 
     total = IngestionStats()
+    absp: dict[Path, str] = {}
     per_file: dict[Path, dict[str, Any]] = {}
     entries: dict[Path, dict[str, Any]] = {}
     status: dict[Path, str] = {}
     for f in files:
-        key = os.path.abspath(f)
+        key = absp[f] = os.path.abspath(f)
         old = idx["files"].get(key)
         try:
             st = f.stat()
@@ -173,7 +173,7 @@ def ingest_paths(
         [
             FORMAT_VERSION,
             options,
-            [(os.path.abspath(f), entries[f]["size"], entries[f]["mtime_ns"]) for f in order],
+            [(absp[f], entries[f]["size"], entries[f]["mtime_ns"]) for f in order],
         ]
     )
     prev = _Previous(out, _outputs_match(out, idx))
@@ -185,7 +185,8 @@ def ingest_paths(
         todo = sum(entries[f]["size"] for f in order if status[f] != "unchanged")
         bar = tqdm(total=todo, unit="B", unit_scale=True, desc="ingest")
     # Index entries kept as they are: files not listed this time (or filtered out) that still exist.
-    listed = {os.path.abspath(f) for f in order}
+    listed = {absp[f] for f in order}
+    by_str = {str(f): f for f in order}
     new_files = {k: v for k, v in idx["files"].items() if k not in listed and Path(k).exists()}
     new_folders: dict[str, str] = {}
     jobs_list = []
@@ -214,7 +215,7 @@ def ingest_paths(
         fhs = {"states.jsonl": sfh, "traces.jsonl": tfh, "sessions.jsonl": cfh}
         for results in _run_jobs(jobs_list, jobs if token_counter is None else 1):
             for r in results:
-                f, e = Path(r.path), r.entry
+                f, e = by_str[r.path], r.entry
                 if bar is not None and r.status != "unchanged":
                     bar.update(e["size"])
                 if r.error is not None:
@@ -234,7 +235,7 @@ def ingest_paths(
                 if fst.get("bad_lines"):
                     row["first_bad_lines"] = fst["bad_lines"]
                 per_file[f] = row
-                new_files[os.path.abspath(f)] = e
+                new_files[absp[f]] = e
     prev.close()
     if bar is not None:
         bar.close()
@@ -257,8 +258,17 @@ def ingest_paths(
     result = {"store_id": store_id, "out_dir": str(out), "totals": {**totals, "n_files_skipped": len(skipped)},
               "filters": {k: v for k, v in filters.describe().items() if v}, "files": [per_file[f] for f in files if f in per_file],
               "skipped": skipped}  # fmt: skip
-    atomic_write_json(out / "ingest_stats.json", result)
+    with atomic_open(out / "ingest_stats.json", "wb", encoding=None) as fh:
+        fh.write(_json.dumps_pretty(result) + b"\n")
     return result
+
+
+def _not_subagent(f: Path, root: Path) -> bool:
+    """``find`` filter: not a subagent transcript (``agent-*.jsonl`` or under a ``subagents`` folder)."""
+    if f.name.startswith("agent-"):
+        return False
+    rel = str(f)[len(str(root)) :]
+    return f"{os.sep}subagents{os.sep}" not in rel
 
 
 def _write(fh: Any, data: bytes) -> list[int]:

@@ -30,3 +30,10 @@ def _orjson_dumps(obj: Any) -> bytes:
 
 loads = orjson.loads if orjson is not None else _std_loads
 dumps = _orjson_dumps if orjson is not None else _std_dumps
+
+
+def dumps_pretty(obj: Any) -> bytes:
+    """Indented JSON (for files people read, such as ``ingest_stats.json``)."""
+    if orjson is not None:
+        return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str)
+    return json.dumps(obj, indent=2, ensure_ascii=False, default=str).encode()
