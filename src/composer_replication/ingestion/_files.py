@@ -111,7 +111,7 @@ def _reason(exc: OSError) -> str:
 
 
 def _walk(
-    folder: Path,
+    folder: str | Path,
     root: Path,
     files: list[Path],
     skipped: list[dict[str, str]],
@@ -124,23 +124,26 @@ def _walk(
         skipped.append({"path": str(folder), "reason": f"folder not readable: {_reason(exc)}"})
         return
     for e in entries:
-        path = Path(e.path)
+        is_jsonl = e.name.endswith(".jsonl")
         try:
-            st = os.stat(e.path)  # follows symlinks
+            # A regular file or folder (the common case) needs no second stat; symlinks are followed.
+            st = os.stat(e.path) if e.is_symlink() else e.stat(follow_symlinks=False)
         except OSError as exc:
-            if e.name.endswith(".jsonl") or e.is_symlink():
-                skipped.append({"path": str(path), "reason": _reason(exc)})
+            if is_jsonl or e.is_symlink():
+                skipped.append({"path": e.path, "reason": _reason(exc)})
             continue
         if stat.S_ISDIR(st.st_mode):
             key = (st.st_dev, st.st_ino)
             if key in visited:
                 if e.is_symlink():
-                    skipped.append({"path": str(path), "reason": "symlink loop (folder already visited)"})
+                    skipped.append({"path": e.path, "reason": "symlink loop (folder already visited)"})
                 continue
             visited.add(key)
-            _walk(path, root, files, skipped, keep, visited)
-        elif e.name.endswith(".jsonl"):
+            _walk(e.path, root, files, skipped, keep, visited)
+        elif is_jsonl:
             if not stat.S_ISREG(st.st_mode):
-                skipped.append({"path": str(path), "reason": f"{_kind(st.st_mode)}, not a regular file"})
-            elif keep is None or keep(path, root):
-                files.append(path)
+                skipped.append({"path": e.path, "reason": f"{_kind(st.st_mode)}, not a regular file"})
+            else:
+                path = Path(e.path)
+                if keep is None or keep(path, root):
+                    files.append(path)

@@ -29,7 +29,8 @@ INDEX_VERSION = 2
 TAIL_BYTES = 4096
 
 
-def part_name(path: Path) -> str:
+def part_name(path: Path | str) -> str:
+    """The part file name of a source file: a hash of its absolute path (symlinks not resolved)."""
     return hashlib.sha1(os.path.abspath(path).encode(), usedforsecurity=False).hexdigest()[:16]
 
 

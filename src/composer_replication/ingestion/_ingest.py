@@ -134,7 +134,7 @@ def ingest_paths(
             total.add(failed(IngestionStats(n_files=1), msg))
             per_file[f] = {"file": str(f), "error": msg}
             continue
-        e = {"part": ix.part_name(f), "size": st.st_size, "mtime_ns": st.st_mtime_ns, **info}
+        e = {"part": ix.part_name(absp[f]), "size": st.st_size, "mtime_ns": st.st_mtime_ns, **info}
         if (
             old
             and old["format"] == info["format"]
@@ -156,7 +156,9 @@ def ingest_paths(
     for f in chosen:
         stems.setdefault(f.stem, []).append(f)
     base_id = {
-        f: f.stem if len(fs) == 1 else f"{f.stem}~{ix.part_name(f)[:8]}" for fs in stems.values() for f in fs
+        f: f.stem if len(fs) == 1 else f"{f.stem}~{ix.part_name(absp[f])[:8]}"
+        for fs in stems.values()
+        for f in fs
     }
     agents: dict[Path, list[str]] = {}
     if not skip_sidechain:
