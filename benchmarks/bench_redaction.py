@@ -101,17 +101,18 @@ def redact_seconds(redactor_cls: type, texts: list[str]) -> float:
 
 def ingest_seconds(redact: bool, redactor_cls: type | None) -> float:
     import composer_replication.ingestion as ing
+    import composer_replication.ingestion.redact as red
 
-    original = ing.Redactor
+    original = red.Redactor
     try:
         if redactor_cls is not None:
-            ing.Redactor = redactor_cls  # ingest_paths builds its Redactor from this name
+            red.Redactor = redactor_cls  # ingest_paths builds its Redactor from this name
         with tempfile.TemporaryDirectory() as d:
             t = time.perf_counter()
             ing.ingest_paths([DATA], d, redact=redact, force=True)
             return time.perf_counter() - t
     finally:
-        ing.Redactor = original
+        red.Redactor = original
 
 
 def throughput(
