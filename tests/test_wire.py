@@ -3,7 +3,6 @@ evaluation; the format's pieces round-trip; no other module spells them."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -23,8 +22,10 @@ def ingested(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("wire-ingest")
     ingest_paths([SESSIONS], out, example_max_tokens=10**9)
-    states = [json.loads(x) for x in (out / "states.jsonl").read_text().splitlines()]
-    traces = [json.loads(x) for x in (out / "traces.jsonl").read_text().splitlines()]
+    from composer_replication.ingestion import read_examples, read_states  # the ingest folder's reader
+
+    states = list(read_states(out / "states.jsonl"))
+    traces = list(read_examples(out / "traces.jsonl"))
     return states, traces
 
 

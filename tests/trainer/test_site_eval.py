@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -16,7 +15,9 @@ from composer_replication.trainer.site_eval import SiteSet, recovery_ids
 
 @pytest.fixture(scope="module")
 def traces(ingested):
-    return [json.loads(x) for x in (ingested / "traces.jsonl").read_text().splitlines() if x.strip()]
+    from composer_replication.ingestion import read_examples  # the ingest folder's reader
+
+    return list(read_examples(ingested / "traces.jsonl"))
 
 
 def test_recovery_ce_is_the_token_nll_of_the_recorded_recovery_per_site(traces, tiny_model, tiny_tokenizer):
