@@ -4,7 +4,7 @@ One invocation measures, side by side on the same files (copies of the real logs
 
 * **throughput**: ``ingest_paths`` (parse, branches, dedup, redaction, errors, store + references written,
   ``force=True``: nothing reused) against a plain ``orjson.loads`` loop over every line of the same files,
-  each run ``--repeat`` times alternately, best of each kept; redaction on and off;
+  and a ``json.loads`` one, each run ``--repeat`` times alternately, best of each kept; redaction on and off;
 * **output size**: every byte the ingest writes (parts, references, sessions, index, stats) / input bytes,
   on both bundled session sets;
 * **peak memory**: ``ru_maxrss`` of a fresh process ingesting 1x, 4x and 16x the sessions;
@@ -18,6 +18,7 @@ Usage: python3 benchmarks/bench_ingest.py [--unit-mb 12] [--scales 1,4,16] [--fi
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -46,12 +47,13 @@ def build_corpus(dest: Path, target_mb: float) -> list[Path]:
     return out
 
 
-def orjson_loop(files: list[Path]) -> float:
+def parse_loop(files: list[Path], loads=orjson.loads) -> float:
+    """The baseline: read every file and parse every non-empty line (``orjson.loads`` or ``json.loads``)."""
     t = time.perf_counter()
     for f in files:
         for line in f.read_bytes().split(b"\n"):
             if line:
-                orjson.loads(line)
+                loads(line)
     return time.perf_counter() - t
 
 
@@ -86,16 +88,18 @@ def throughput(tmp: Path, unit_mb: float, scale: int, repeat: int) -> None:
     big = tmp / "thr"
     files = build_corpus(big, unit_mb * scale)
     mb = sum(f.stat().st_size for f in files) / 1e6
-    best = {"orjson": 1e9, "on": 1e9, "off": 1e9}
+    best = {"orjson": 1e9, "json": 1e9, "on": 1e9, "off": 1e9}
     totals: dict = {}
     for _ in range(repeat):  # alternate, so that load from other jobs hits every measurement alike
-        best["orjson"] = min(best["orjson"], orjson_loop(files))
+        best["orjson"] = min(best["orjson"], parse_loop(files))
+        best["json"] = min(best["json"], parse_loop(files, json.loads))
         dt, res = ingest_time(big, tmp / "o_on", force=True)
         best["on"], totals = min(best["on"], dt), res["totals"]
         best["off"] = min(best["off"], ingest_time(big, tmp / "o_off", force=True, redact=False)[0])
     print(f"\n## Throughput ({mb:.1f} MB, {len(files)} files, best of {repeat})\n")
     print("| measure | seconds | MB/s | vs orjson.loads loop |\n|---|---|---|---|")
-    for name, key in (("orjson.loads line loop", "orjson"), ("ingest_paths, redaction on", "on"),
+    for name, key in (("orjson.loads line loop", "orjson"), ("json.loads line loop", "json"),
+                      ("ingest_paths, redaction on", "on"),
                       ("ingest_paths, redaction off", "off")):  # fmt: skip
         print(f"| {name} | {best[key]:.2f} | {mb / best[key]:.1f} | {best['orjson'] / best[key]:.2f} |")
     print(
