@@ -141,7 +141,8 @@ def _active_branch(recs: list[dict[str, Any]], stats: IngestionStats) -> list[di
         parent = node.get("p") or node.get("lp")
         node = by_uuid.get(parent) if parent is not None else None
     msg_ids = {it.get("m") for it in recs if it.get("u") in chain and it["t"] == "assistant"}
-    out, tool_ids = [], set()
+    out: list[dict[str, Any]] = []
+    tool_ids: set[str] = set()
     for it in recs:
         uid = it.get("u")
         t = it["t"]

@@ -179,9 +179,8 @@ def parse(ing: Any, out: Path, f: Path, e: dict[str, Any], status: str) -> list[
         ix.append_part(part, e["part_bytes"], enc_new, enc_tail)
     else:
         ix.write_part(part, enc_new, enc_tail)
-    if base + cut == 0:
-        tail_fp = ""
-    else:
+    tail_fp: str | None = ""  # None: the file could not be read back (the next run re-reads it)
+    if base + cut:
         tail_fp = ix.tail_hash(data, cut) if base == 0 else ix.file_tail_hash(f, base + cut)
     e.update(offset=base + cut, tail=tail_fp, n_lines=base_line + n_complete, ctx=ctx, lines=lines.sparse(),
              part_bytes=(e["part_bytes"] if status == "appended" else 0) + len(enc_new),

@@ -169,11 +169,16 @@ def version_tuple(v: Any) -> tuple[int, int, int] | None:
 
 
 def check_version(
-    v: Any, lo: tuple[int, int, int], hi: tuple[int, int, int], what: str, name: str, warnings: list[str]
+    v: Any,
+    lo: tuple[int, int, int],
+    hi: tuple[int, int, int],
+    what: str,
+    name: str,
+    warnings: list[str] | None,
 ) -> None:
     """Append a warning when a session was written by a CLI version outside the range we tested."""
     t = version_tuple(v)
-    if t is None:
+    if t is None or warnings is None:
         return
     if t > hi:
         msg = (

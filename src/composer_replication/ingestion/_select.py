@@ -37,7 +37,9 @@ def head_info(path: Path, head: bytes) -> dict[str, Any]:
             continue
         if not isinstance(rec, dict):
             continue
-        src = rec.get("payload") if fmt == "codex" and isinstance(rec.get("payload"), dict) else rec
+        src: dict[str, Any] = (
+            rec["payload"] if fmt == "codex" and isinstance(rec.get("payload"), dict) else rec
+        )
         ts = rec.get("timestamp")
         if not info["first_ts"] and isinstance(ts, str):
             info["first_ts"] = ts

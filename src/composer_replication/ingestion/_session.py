@@ -97,12 +97,11 @@ class IngestionStats:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> IngestionStats:
         """A copy of saved counters (dicts and lists copied: ``add`` must never change the saved ones)."""
-        return cls(
-            **{
-                k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
-                for k, v in d.items()
-            }
-        )
+        copied: dict[str, Any] = {
+            k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
+            for k, v in d.items()
+        }
+        return cls(**copied)
 
     def finish(self) -> IngestionStats:
         """Derive ``n_records_skipped`` once the file's line and assembly counters are both in."""

@@ -156,7 +156,7 @@ class ClaudeCodeIngester(SessionIngester):
         elif t == "attachment":
             a = r.get("attachment")
             kind = a.get("type") if isinstance(a, dict) else None
-            if kind in CONTEXT_ATTACHMENTS:
+            if isinstance(a, dict) and kind in CONTEXT_ATTACHMENTS:
                 text = _attachment_text(a)
                 if text.strip():
                     it["e"] = [{"k": "c", "c": f"attachment:{kind}", "t": self.redactor.redact(text)}]

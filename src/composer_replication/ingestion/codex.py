@@ -138,9 +138,9 @@ class CodexIngester(SessionIngester):
         ):
             if isinstance(payload.get(src), str):
                 it[dst] = self.redactor.redact(payload[src]) if dst == "cwd" else payload[src]
-        src = payload.get("source")
-        if isinstance(src, dict) and "subagent" in src:
-            sub = src["subagent"]
+        source = payload.get("source")
+        if isinstance(source, dict) and "subagent" in source:
+            sub = source["subagent"]
             it["sub"] = self._tool_input(sub) if isinstance(sub, (dict, str)) else True
         return it
 

@@ -64,7 +64,9 @@ def read_refs(
     """``(header, rows)`` of a references file, without materialising anything."""
     path = Path(path)
     if path.is_dir():
-        raise StoreFormatError(path, 0, "is a directory", "pass the states.jsonl / traces.jsonl file inside it")
+        raise StoreFormatError(
+            path, 0, "is a directory", "pass the states.jsonl / traces.jsonl file inside it"
+        )
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file (did the previous stage run?)")
     fh = open(path, "rb")
