@@ -32,3 +32,4 @@ def test_cli_grpo_mode_runs_all_channels(small_data, tmp_path, capsys):
     assert any(r.get("sdpo/loss", 0) > 0 for r in rows) or any(r.get("pref/loss", 0) > 0 for r in rows)
     assert (tmp_path / "run" / "losses.png").exists()
     assert list((tmp_path / "run" / "checkpoints").glob("checkpoint-*"))
+    assert (tmp_path / "run" / "final" / "config.json").exists()  # trainer.export, as in offline mode

@@ -1,8 +1,10 @@
 """Train with the three-channel loss: ``offline`` (SFT + SDPO + DPO on ingested data) or ``grpo`` (TRL).
 
 The config (YAML/TOML/JSON; see docs/training.md) is validated before any model loads. Outputs go to
-``--out``: metrics.jsonl, checkpoints/, losses.png, final_metrics.json. ``--resume`` continues from the
-newest checkpoint there. A STOP file in ``--out`` or SIGTERM stops the run with a checkpoint (exit 3).
+``--out``: metrics.jsonl, checkpoints/ (with optimizer state), losses.png, final_metrics.json and
+final/ (a ``save_pretrained`` model + tokenizer without optimizer state; with LoRA the adapter, or the
+merged weights with ``--merge``). ``--resume`` continues from the newest checkpoint there. A STOP file
+in ``--out`` or SIGTERM stops the run with a checkpoint (exit 3).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="override seed")
     p.add_argument("--objective", help="override grpo.objective")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--merge", action="store_true", help="LoRA: write merged weights to final/, not the adapter"
+    )
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -57,12 +62,21 @@ def run(args: argparse.Namespace) -> int:
 
     with KillSwitch(stop_file=out / "STOP", log_path=out / "kill_switch.jsonl") as switch:
         if cfg.mode == "offline":
+            from composer_replication.trainer import checkpoint as ckpt
+            from composer_replication.trainer.export import export_checkpoint
             from composer_replication.trainer.offline import train_offline
 
             final = train_offline(cfg, out_dir=out, resume=args.resume, kill_switch=switch)
+            latest = ckpt.latest_checkpoint(out / "checkpoints")
+            exported = export_checkpoint(cfg, latest, out / "final", merge=args.merge)
         else:
+            from composer_replication.trainer.export import describe
             from composer_replication.trainer.grpo_run import train_grpo
 
-            final = train_grpo(cfg, out_dir=out, resume=args.resume, kill_switch=switch)
+            final = train_grpo(cfg, out_dir=out, resume=args.resume, kill_switch=switch, merge=args.merge)
+            exported = describe(out / "final")
+    from composer_replication.trainer.export import usage
+
     print(json.dumps(final, indent=2, sort_keys=True))
+    print(usage(exported))
     return 0

@@ -17,7 +17,6 @@ own limits (see ``datagen.bwrap_sandbox``), and tasks other than the bundled one
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -92,12 +91,9 @@ def train_grpo_on_tasks(
         r for r in trainer.state.log_history if "step" in r and "train_runtime" not in r
     ]  # per-step rows only
     write_jsonl_atomic(out_dir / "metrics.jsonl", history)
-    tmp = out_dir / ".final.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    trainer.save_model(str(tmp))
-    tok.save_pretrained(tmp)
-    shutil.rmtree(out_dir / "final", ignore_errors=True)
-    tmp.rename(out_dir / "final")
+    from composer_replication.trainer.export import export_model
+
+    export_model(trainer.model, tok, out_dir / "final", merge=True)
     rewards = [r for r in stats.rewards if r is not None]
     summary = {"steps": int(trainer.state.global_step), "tasks": len(chosen), "rollouts_scored": stats.scored,
                "infra_errors": stats.infra_errors, "mean_reward": sum(rewards) / len(rewards) if rewards else None}  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,8 @@ def train_config(ctx: RunContext, mode: str) -> Any:
 
 
 def train_offline_stage(ctx: RunContext) -> dict[str, Any]:
+    from composer_replication.trainer import checkpoint as ckpt
+    from composer_replication.trainer.export import export_checkpoint
     from composer_replication.trainer.offline import train_offline
 
     out = ctx.path("train", "offline")
@@ -50,32 +51,11 @@ def train_offline_stage(ctx: RunContext) -> dict[str, Any]:
         shutil.rmtree(out)  # inputs or config changed: the old checkpoints belong to another run
     cfg = train_config(ctx, "offline")
     final = train_offline(cfg, out_dir=out, resume=True, kill_switch=ctx.kill_switch, stop=ctx.stop)
-    export_final(cfg, out / "checkpoints", out / "final")
+    # merged weights: evaluation and the GRPO phase load final/ as a plain model
+    export_checkpoint(cfg, ckpt.latest_checkpoint(out / "checkpoints"), out / "final", merge=True)
     return {
         k: round(v, 5) if isinstance(v, float) else v for k, v in final.items() if isinstance(v, (int, float))
     }
-
-
-def export_final(cfg: Any, ckpt_root: Path, target: Path) -> None:
-    """The newest checkpoint as a ``save_pretrained`` model directory (what evaluation and GRPO load)."""
-    import torch
-
-    from composer_replication.trainer import checkpoint as ckpt
-    from composer_replication.trainer.offline import load_model
-
-    latest = ckpt.latest_checkpoint(ckpt_root)
-    if latest is None:
-        raise RuntimeError(f"{ckpt_root}: training finished without a checkpoint")
-    model, tok = load_model(cfg, torch.device("cpu"))
-    ckpt.restore_model(model, ckpt.load_checkpoint(latest)["model"])
-    if hasattr(model, "merge_and_unload"):  # LoRA: ship merged weights so any loader can read them
-        model = model.merge_and_unload()
-    tmp = target.with_name(f".{target.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
 
 
 def _nonempty(p: Path) -> bool:

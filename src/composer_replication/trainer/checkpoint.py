@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 _NAME = re.compile(r"^step-(\d{8})$")
+SHARDED = "sharded"  # the torch.distributed.checkpoint directory of an FSDP2 checkpoint
 
 
 def rng_state() -> dict[str, Any]:
@@ -67,20 +68,30 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def save_checkpoint(root: str | Path, step: int, state: dict[str, Any], *, keep_last: int = 2) -> Path:
-    """Write ``state`` atomically as ``root/step-XXXXXXXX`` and prune to ``keep_last``."""
+def begin_checkpoint(root: str | Path, step: int, *, tag: str | None = None) -> Path:
+    """A fresh temporary directory for ``step`` under ``root`` (every rank of a run passes the same tag)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
-    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
+    tmp = root / f".tmp-step-{step:08d}-{tag if tag is not None else os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    with open(tmp / "state.pt", "wb") as fh:
+    return tmp
+
+
+def write_state(directory: str | Path, state: dict[str, Any], name: str = "state.pt") -> None:
+    with open(Path(directory) / name, "wb") as fh:
         torch.save(state, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    _fsync_dir(tmp)
+
+
+def commit_checkpoint(root: str | Path, tmp: Path, step: int, *, keep_last: int = 2) -> Path:
+    """Rename the finished ``tmp`` into ``root/step-XXXXXXXX`` and prune to ``keep_last``."""
+    root = Path(root)
+    final = root / f"step-{step:08d}"
+    for sub in [p for p in tmp.rglob("*") if p.is_dir()] + [tmp]:
+        _fsync_dir(sub)
     if final.exists():  # re-saving the same step (e.g. a kill-switch save right after a periodic one)
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -92,8 +103,37 @@ def save_checkpoint(root: str | Path, step: int, state: dict[str, Any], *, keep_
     return final
 
 
+def save_checkpoint(root: str | Path, step: int, state: dict[str, Any], *, keep_last: int = 2) -> Path:
+    """Write ``state`` atomically as ``root/step-XXXXXXXX`` and prune to ``keep_last``."""
+    tmp = begin_checkpoint(root, step)
+    write_state(tmp, state)
+    return commit_checkpoint(root, tmp, step, keep_last=keep_last)
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+
+
+def checkpoint_dtype(path: str | Path) -> torch.dtype | None:
+    """The dtype the model was trained in (``model_dtype`` in ``state.pt``; None for older checkpoints)."""
+    name = load_checkpoint(path).get("model_dtype")
+    return getattr(torch, name) if name else None
+
+
+def load_trainable(path: str | Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trained parameters of a checkpoint, in either form, on the CPU (one process, no process group).
+
+    ``state.pt`` holds them under ``model`` (single process, DDP); an FSDP2 run keeps them sharded in
+    ``sharded/`` (``torch.distributed.checkpoint``), read here into full tensors shaped like ``model``'s.
+    """
+    state = load_checkpoint(path)
+    if "model" in state:
+        return state["model"]
+    import torch.distributed.checkpoint as dcp
+
+    wanted = {n: torch.empty_like(p, device="cpu") for n, p in model.named_parameters() if p.requires_grad}
+    dcp.load({"model": wanted}, checkpoint_id=str(Path(path) / SHARDED), no_dist=True)
+    return wanted
 
 
 def restore_model(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> None:

@@ -90,9 +90,15 @@ def tool_format_reward(completions: list, **_: Any) -> list[float]:
 
 
 def train_grpo(
-    cfg: TrainConfig, *, out_dir: str | Path, resume: bool = False, kill_switch: Any | None = None
+    cfg: TrainConfig,
+    *,
+    out_dir: str | Path,
+    resume: bool = False,
+    kill_switch: Any | None = None,
+    merge: bool = False,
 ) -> dict[str, float]:
-    """Run ``ComposerReplicationTrainer`` per ``cfg`` and return TRL's last logged metrics."""
+    """Run ``ComposerReplicationTrainer`` per ``cfg``, export ``out_dir/final`` (``trainer.export``;
+    ``merge``: LoRA merged into the weights) and return TRL's last logged metrics."""
     import torch
     from datasets import Dataset
 
@@ -189,6 +195,9 @@ def train_grpo(
     metrics_log.close()
     final = {k: float(v) for k, v in trainer.state.log_history[-1].items() if isinstance(v, int | float)}
     atomic_write_json(out / "final_metrics.json", final)
+    from composer_replication.trainer.export import base_dir, export_model
+
+    export_model(trainer.model, tok, out / "final", merge=merge, base_dir=base_dir(cfg))
     if cfg.logging.plot:
         from composer_replication.trainer.plots import plot_losses
 

@@ -380,7 +380,8 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
         atomic_write_json(out / "initial_metrics.json", initial)
 
     def save(at: int) -> Path:
-        state = {**stepper.state_dict(), "step": at, "rng": ckpt.rng_state()}
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        state = {**stepper.state_dict(), "step": at, "rng": ckpt.rng_state(), "model_dtype": dtype}
         return ckpt.save_checkpoint(ckpt_dir, at, state, keep_last=cfg.checkpoint.keep_last)
 
     from composer_replication.trainer.trackers import open_trackers
