@@ -54,7 +54,9 @@ def _logits(model, ids):
 IDS = torch.tensor([[5, 17, 300, 42, 1000, 7, 99, 3]])
 
 
-def test_final_is_a_plain_transformers_model_with_the_trained_logits(small_data, tmp_path, capsys, one_thread):
+def test_final_is_a_plain_transformers_model_with_the_trained_logits(
+    small_data, tmp_path, capsys, one_thread
+):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from composer_replication.models import build_tiny_model, build_tiny_tokenizer

@@ -31,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--merge", action="store_true", help="LoRA: write merged weights to final/, not the adapter"
     )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        help="offline mode on N local processes (DDP or FSDP2, see distributed.strategy); "
+        "at most one per GPU, or per CPU core without GPUs",
+    )
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -55,28 +61,45 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from composer_replication.config import load_config
+    from composer_replication.trainer import dist_launch
 
     cfg = load_config(args.config, overrides_from_args(args))  # fails here, before any model loads
     out = Path(args.out)
+    launched = dist_launch.launch_env()  # a broken torchrun / accelerate environment fails here too
+    if args.nproc is not None and args.nproc > 1:
+        if launched is not None:
+            raise ValueError("--nproc starts its own processes: drop it under torchrun / accelerate launch")
+        if cfg.mode != "offline":
+            raise ValueError(
+                "--nproc runs the offline mode; run grpo under accelerate launch (docs/training.md)"
+            )
+        flags = [f for f, on in (("--resume", args.resume), ("--merge", args.merge)) if on]
+        return dist_launch.run_local(cfg, args.nproc, out, flags)
+    if args.nproc is not None:
+        dist_launch.check_nproc(args.nproc)
     from composer_replication.safety.kill_switch import KillSwitch
 
-    with KillSwitch(stop_file=out / "STOP", log_path=out / "kill_switch.jsonl") as switch:
+    main = dist_launch.is_main_process()
+    with KillSwitch(stop_file=out / "STOP", log_path=out / "kill_switch.jsonl" if main else None) as switch:
         if cfg.mode == "offline":
-            from composer_replication.trainer import checkpoint as ckpt
-            from composer_replication.trainer.export import export_checkpoint
             from composer_replication.trainer.offline import train_offline
 
             final = train_offline(cfg, out_dir=out, resume=args.resume, kill_switch=switch)
-            latest = ckpt.latest_checkpoint(out / "checkpoints")
-            exported = export_checkpoint(cfg, latest, out / "final", merge=args.merge)
+            dist_launch.shutdown()
         else:
-            from composer_replication.trainer.export import describe
             from composer_replication.trainer.grpo_run import train_grpo
 
             final = train_grpo(cfg, out_dir=out, resume=args.resume, kill_switch=switch, merge=args.merge)
-            exported = describe(out / "final")
-    from composer_replication.trainer.export import usage
+    if not main:
+        return 0
+    from composer_replication.trainer import checkpoint as ckpt
+    from composer_replication.trainer.export import describe, export_checkpoint, usage
 
+    if cfg.mode == "offline":  # the newest checkpoint is the final weights (sharded ones too)
+        latest = ckpt.latest_checkpoint(out / "checkpoints")
+        exported = export_checkpoint(cfg, latest, out / "final", merge=args.merge)
+    else:
+        exported = describe(out / "final")
     print(json.dumps(final, indent=2, sort_keys=True))
     print(usage(exported))
     return 0

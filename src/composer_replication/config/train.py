@@ -115,6 +115,16 @@ class GRPOSection(_Model):
         return objective
 
 
+class DistributedConfig(_Model):
+    strategy: Literal["ddp", "fsdp2"] = Field(
+        "ddp",
+        description="with several processes: ddp (replicas) or fsdp2 (sharded; models that do not fit one device)",
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: nccl on CUDA, else gloo")
+    timeout_s: float = Field(1800.0, gt=0, description="collective timeout (seconds)")
+    rendezvous_timeout_s: float = Field(120.0, gt=0, description="wait for the other processes (seconds)")
+
+
 class LoggingConfig(_Model):
     report_to: list[Literal["tensorboard", "wandb", "trackio", "none"]] = Field(
         default_factory=list,
@@ -141,6 +151,7 @@ class TrainConfig(_Model):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
     grpo: GRPOSection = Field(default_factory=GRPOSection)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")

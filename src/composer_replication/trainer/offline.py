@@ -86,13 +86,18 @@ class OfflineStepper:
         ref_pairs: list[dict] | None = None,
         collator: Any = None,
         sample_cache: Path | None = None,
+        engine: Any = None,
     ) -> None:
+        from composer_replication.trainer.distributed import Engine
+
         self.cfg, self.model, self.tok, self.device = cfg, model, tok, device
+        self.engine = engine or Engine(device)  # several processes: trainer.distributed
         self.step_count = 0
         bs = cfg.schedule.batch_size
         use_pairs = bool(train_pairs) and cfg.loss.preference.weight > 0
-        self.trace_stream = od.Stream(train_traces, bs, cfg.seed) if train_traces else None
-        self.pair_stream = od.Stream(train_pairs, bs, cfg.seed + 1) if use_pairs else None
+        shard = self.engine.stream
+        self.trace_stream = shard(od.Stream(train_traces, bs, cfg.seed)) if train_traces else None
+        self.pair_stream = shard(od.Stream(train_pairs, bs, cfg.seed + 1)) if use_pairs else None
         if collator is None and train_traces:
             collator = od.make_collator(
                 tok, cfg.data.max_seq_len, cfg.data.max_dpo_seq_len, cfg.loss.sdpo.weight > 0
@@ -104,6 +109,7 @@ class OfflineStepper:
 
             sites = error_sites(train_traces)
             self.on_policy = OnPolicySDPO(tok, sites, cfg, cfg.seed, sample_cache)
+            self.on_policy.stream = self.engine.stream(self.on_policy.stream)  # each rank its own sites
         self._ref_pairs = train_pairs if ref_pairs is None else ref_pairs
         self._ref: dict[str, tuple] | None = None
         self.opt, self.sched = make_optimizer(cfg, model)
@@ -126,7 +132,7 @@ class OfflineStepper:
         if self._ref is None:
             pairs = self._ref_pairs
             self._ref = (
-                reference_logprobs(self.model, self.tok, pairs, self.cfg.data.max_dpo_seq_len)
+                self.engine.reference_logprobs(self.model, self.tok, pairs, self.cfg.data.max_dpo_seq_len)
                 if pairs
                 else {}
             )
@@ -153,8 +159,6 @@ class OfflineStepper:
 
     def step(self) -> dict[str, float]:
         """One optimizer step over the next ``grad_accum`` batches; returns its metrics."""
-        from composer_replication.loss import compose_loss
-
         cfg, ga = self.cfg, self.cfg.schedule.grad_accum
         if self.pair_stream is not None:
             _ = self.ref  # computed before the first update: the reference is the initial policy
@@ -164,8 +168,8 @@ class OfflineStepper:
         kwargs = loss_kwargs(cfg, self.taid)
         if self.on_policy is not None:  # the SDPO channel runs on the student's samples (below)
             kwargs["alpha_sdpo"] = 0.0
-        for i in range(ga):
-            comps = compose_loss(self.model, self._micro_batch(), **kwargs)
+        for i in range(ga):  # gradients are synchronised across processes on the last micro-batch
+            comps = self.engine.loss(self.model, self._micro_batch(), kwargs, sync=i == ga - 1)
             parts, metrics = comps.detached(), dict(comps.metrics)
             total = comps.total
             if self.on_policy is not None:
@@ -181,9 +185,9 @@ class OfflineStepper:
             for k, v in metrics.items():
                 if not k.endswith("/loss"):  # the /loss values duplicate loss/<channel>
                     extras[k] = extras.get(k, 0.0) + v / ga
+        totals, extras = self.engine.mean(totals), self.engine.mean(extras)  # over processes
         params = [p for p in self.model.parameters() if p.requires_grad]
-        clip = cfg.optimizer.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
+        grad_norm = self.engine.clip_grad_norm(params, cfg.optimizer.grad_clip)
         self.opt.step()
         self.sched.step()
         self.step_count += 1
@@ -328,21 +332,26 @@ def train_offline(
 
 def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, float]:
     from composer_replication._io import JsonlAppender, atomic_write_json
+    from composer_replication.trainer import distributed
 
     cfg = config if isinstance(config, TrainConfig) else build_config(config)
+    engine = distributed.setup(cfg, device)  # one process, or one rank of torchrun / --nproc N
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out / "checkpoints"
     latest = ckpt.latest_checkpoint(ckpt_dir) if resume else None
-    if resume and latest is None and (out / "metrics.jsonl").exists():
-        (out / "metrics.jsonl").unlink()  # nothing to resume from: start clean
+    if resume and latest is None and engine.is_main:
+        (out / "metrics.jsonl").unlink(missing_ok=True)  # nothing to resume from: start clean
     if not resume and (out / "metrics.jsonl").exists():
         raise FileExistsError(f"{out} already holds a run (metrics.jsonl); pass resume=True or a new out_dir")
+    samples = out / ("sdpo_samples.jsonl" if engine.is_main else f"sdpo_samples.rank{engine.rank}.jsonl")
     if latest is None:  # samples cached by an earlier run without a checkpoint may be from other weights
-        (out / "sdpo_samples.jsonl").unlink(missing_ok=True)
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        samples.unlink(missing_ok=True)
+    engine.barrier()  # every rank checked before rank 0 writes
+    dev = engine.device
     seed_everything(cfg.seed, cfg.deterministic)
-    model, tok = load_model(cfg, dev)
+    model, tok = load_model(*engine.load_args(cfg))
+    model = engine.prepare(model)
     model.train()
 
     traces = od.load_rows(cfg.data.traces)
@@ -367,36 +376,39 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
         train_pairs=train_pairs,
         ref_pairs=pairs,
         collator=collator,
-        sample_cache=out / "sdpo_samples.jsonl",
+        sample_cache=samples,
+        engine=engine,
     )
 
+    main = engine.is_main  # rank 0 writes every file but the checkpoints' shards
     if latest is not None:
-        state = ckpt.load_checkpoint(latest)
-        stepper.load_state_dict(state)
-        ckpt.set_rng_state(state["rng"])
-        _truncate_metrics(out / "metrics.jsonl", stepper.step_count)
+        engine.load(latest, stepper)
+        if main:
+            _truncate_metrics(out / "metrics.jsonl", stepper.step_count)
     else:
-        initial = evaluate(model, tok, cfg, eval_traces, eval_pairs, stepper.ref, collator)
-        atomic_write_json(out / "initial_metrics.json", initial)
+        initial = evaluate(engine.unsharded(model), tok, cfg, eval_traces, eval_pairs, stepper.ref, collator)
+        if main:
+            atomic_write_json(out / "initial_metrics.json", initial)
 
     def save(at: int) -> Path:
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         state = {**stepper.state_dict(), "step": at, "rng": ckpt.rng_state(), "model_dtype": dtype}
-        return ckpt.save_checkpoint(ckpt_dir, at, state, keep_last=cfg.checkpoint.keep_last)
+        keep = cfg.checkpoint.keep_last
+        return engine.save(ckpt_dir, at, state, model=model, optimizer=stepper.opt, keep_last=keep)
 
     from composer_replication.trainer.trackers import open_trackers
 
-    trackers = open_trackers(cfg.logging.report_to, out, cfg.model_dump(mode="json"))
-    metrics_log = JsonlAppender(out / "metrics.jsonl")
+    trackers = open_trackers(cfg.logging.report_to, out, cfg.model_dump(mode="json")) if main else []
+    metrics_log = JsonlAppender(out / "metrics.jsonl") if main else distributed.NullLog()
     bar = None
     step = stepper.step_count
-    if cfg.logging.progress:
+    if cfg.logging.progress and main:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=cfg.schedule.max_steps, initial=step, desc="train", unit="step")
     try:
         while step < cfg.schedule.max_steps:
-            reason = _check_stop(stop, kill_switch)
+            reason = engine.agree(_check_stop(stop, kill_switch))  # every rank stops at the same step
             if reason is not None:
                 save(step)
                 from composer_replication.safety.kill_switch import KillSwitchTriggered
@@ -424,10 +436,11 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
             tracker.close()
     if ckpt.latest_checkpoint(ckpt_dir) is None or not (ckpt_dir / f"step-{step:08d}").exists():
         save(step)
-    final = evaluate(model, tok, cfg, eval_traces, eval_pairs, stepper.ref, collator)
+    final = evaluate(engine.unsharded(model), tok, cfg, eval_traces, eval_pairs, stepper.ref, collator)
     final.update(step=step)
-    atomic_write_json(out / "final_metrics.json", final)
-    if cfg.logging.plot:
+    if main:
+        atomic_write_json(out / "final_metrics.json", final)
+    if cfg.logging.plot and main:
         from composer_replication.trainer.plots import plot_losses
 
         plot_losses(out / "metrics.jsonl", out / "losses.png")
