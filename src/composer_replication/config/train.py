@@ -96,6 +96,37 @@ class RewardConfig(_Model):
     )
 
 
+class VLLMSection(_Model):
+    mode: Literal["server", "colocate"] = Field(
+        ...,
+        description="server: a `trl vllm-serve` process generates; colocate: vLLM inside each training process",
+    )
+    server_url: str | None = Field(
+        None, description="server mode: the vLLM server, e.g. http://10.0.0.5:8000"
+    )
+    server_timeout_s: float = Field(240.0, gt=0, description="server mode: how long to wait for it to answer")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="colocate: GPU memory share for vLLM")
+    tensor_parallel_size: int = Field(1, ge=1, description="colocate: GPUs per vLLM engine")
+    max_model_length: int | None = Field(None, ge=16, description="vLLM context; None: from the model")
+    enable_sleep_mode: bool = Field(
+        False, description="colocate: offload vLLM weights/cache during the update"
+    )
+
+    @model_validator(mode="after")
+    def _url_for_server(self) -> VLLMSection:
+        if self.mode == "server":
+            from urllib.parse import urlsplit
+
+            url = urlsplit(self.server_url or "")
+            if url.scheme not in ("http", "https") or not url.netloc:
+                raise ValueError(
+                    f"server_url {self.server_url!r}: mode server needs the vLLM server's http(s)://host:port"
+                )
+        elif self.server_url is not None:
+            raise ValueError("server_url is for mode: server (colocate runs vLLM in each training process)")
+        return self
+
+
 class GRPOSection(_Model):
     objective: str = Field("dr_grpo", description="policy-optimisation preset: one of PO_OBJECTIVES")
     num_generations: int = Field(4, ge=2, description="group size G")
@@ -104,6 +135,16 @@ class GRPOSection(_Model):
     composer_kl_coef: float = Field(0.0, ge=0.0, description="k1 KL in the reward (Composer report); 0 off")
     reward: RewardConfig = Field(default_factory=RewardConfig)
     overrides: dict[str, Any] = Field(default_factory=dict, description="extra trl.GRPOConfig fields")
+    vllm: VLLMSection | None = Field(
+        None, description="generate with vLLM (TRL's use_vllm); None: HF generate"
+    )
+
+    @model_validator(mode="after")
+    def _vllm_in_one_place(self) -> GRPOSection:
+        clash = sorted(k for k in self.overrides if k == "use_vllm" or k.startswith("vllm_"))
+        if self.vllm is not None and clash:
+            raise ValueError(f"overrides {clash} clash with grpo.vllm: set vLLM in grpo.vllm only")
+        return self
 
     @field_validator("objective")
     @classmethod

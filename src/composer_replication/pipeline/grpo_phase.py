@@ -46,9 +46,11 @@ def train_grpo_on_tasks(
 
     from composer_replication.datagen.env import InfraStats, make_test_reward
     from composer_replication.trainer.composer_trainer import ComposerReplicationTrainer
+    from composer_replication.trainer.grpo_scale import grpo_config_kwargs, preflight
     from composer_replication.trainer.offline import load_model
     from composer_replication.trainer.po_objectives import make_po_config
 
+    preflight(cfg)  # grpo.vllm: the server answers, vLLM is installed (before any model loads)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     chosen, rows = task_rows(tasks)
@@ -64,7 +66,7 @@ def train_grpo_on_tasks(
         gradient_accumulation_steps=1, num_generations=g.num_generations,
         max_completion_length=g.max_completion_length, temperature=g.temperature, logging_steps=1,
         save_strategy="steps", save_steps=max(1, cfg.checkpoint.every_steps or cfg.schedule.max_steps),
-        save_total_limit=cfg.checkpoint.keep_last, disable_tqdm=not cfg.logging.progress, **g.overrides,
+        save_total_limit=cfg.checkpoint.keep_last, disable_tqdm=not cfg.logging.progress, **(grpo_config_kwargs(cfg) | g.overrides),
     )  # fmt: skip
     stats = InfraStats()
     callbacks = []

@@ -26,6 +26,18 @@ from composer_replication.safety.stop import Stop, as_stop
 _KEYS = {"loss": "loss", "grad_norm": "grad_norm", "kl": "kl", "reward": "reward", "spend_usd": "spend_usd"}
 
 
+def agree_reason(reason: str | None) -> str | None:
+    """Across the processes of a run (``accelerate launch``): the first rank's reason if any rank has
+    one, so that every rank stops at the same step. A collective: every rank calls it at the same hook."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return reason
+    reasons: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(reasons, reason)
+    return next((r for r in reasons if r is not None), None)
+
+
 class KillSwitchCallback(TrainerCallback):
     """Polls ``stop`` after every step and every log; on a reason, checkpoint and stop (module docstring)."""
 
@@ -43,7 +55,8 @@ class KillSwitchCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any):
-        if (reason := self.stop()) is not None:
+        # several processes (accelerate launch): every rank stops at the same step, or none does
+        if (reason := agree_reason(self.stop())) is not None:
             return self._stop(reason, state, control)
         return control
 
@@ -52,7 +65,7 @@ class KillSwitchCallback(TrainerCallback):
     ):
         metrics = {k: logs[src] for src, k in _KEYS.items() if logs and src in logs}
         reason = self.stop.observe(step=state.global_step, **metrics) or self.stop()
-        if reason is not None:
+        if (reason := agree_reason(reason)) is not None:
             return self._stop(reason, state, control)
         return control
 

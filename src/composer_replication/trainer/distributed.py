@@ -289,8 +289,7 @@ class DistributedEngine(Engine):
         return {k: sum(p.get(k, 0.0) for p in parts) / self.world_size for k in keys}
 
     def agree(self, reason: str | None) -> str | None:
-        reasons = [r for r in self._gather(reason) if r is not None]
-        return reasons[0] if reasons else None
+        return next((r for r in self._gather(reason) if r is not None), None)
 
     def barrier(self) -> None:
         import torch.distributed as dist

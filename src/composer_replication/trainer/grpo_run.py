@@ -104,9 +104,11 @@ def train_grpo(
 
     from composer_replication._io import JsonlAppender, atomic_write_json
     from composer_replication.trainer.composer_trainer import ComposerReplicationTrainer
+    from composer_replication.trainer.grpo_scale import grpo_config_kwargs, preflight
     from composer_replication.trainer.offline import load_model
     from composer_replication.trainer.po_objectives import make_po_config
 
+    preflight(cfg)  # grpo.vllm: the server answers, vLLM is installed (before any model loads)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -147,7 +149,7 @@ def train_grpo(
         save_steps=cfg.checkpoint.every_steps or 500,
         save_total_limit=cfg.checkpoint.keep_last,
         disable_tqdm=not cfg.logging.progress,
-        **g.overrides,
+        **(grpo_config_kwargs(cfg) | g.overrides),  # processes, vLLM (trainer.grpo_scale)
     )
     reward = teacher_match_reward if g.reward.type == "teacher_match" else tool_format_reward
     peft_config = None
@@ -188,12 +190,14 @@ def train_grpo(
     trainer.train(resume_from_checkpoint=resume_arg or None)
     for cb in callbacks:
         cb.raise_if_triggered()
+    final = {k: float(v) for k, v in trainer.state.log_history[-1].items() if isinstance(v, int | float)}
+    if not trainer.accelerator.is_main_process:  # accelerate launch: rank 0 writes the outputs
+        return final
     metrics_log = JsonlAppender(out / "metrics.jsonl")
     for row in trainer.state.log_history:
         if "step" in row and "loss" in row:
             metrics_log.write({"step": row["step"], "loss/total": row["loss"], **row})
     metrics_log.close()
-    final = {k: float(v) for k, v in trainer.state.log_history[-1].items() if isinstance(v, int | float)}
     atomic_write_json(out / "final_metrics.json", final)
     from composer_replication.trainer.export import base_dir, export_model
 
