@@ -18,7 +18,16 @@ device-to-device copy. Fused variants report TFLOP/s of their projections instea
 
     python3 benchmarks/gpu_bench.py --T 4096 --out /tmp/gpu_gjsd.json
 
+Suites (``--suites``, default all): ``gjsd`` (the variants above), ``offline`` (one optimizer step of the
+trainer's three-channel loss on a ``--model`` built from its config with random weights, bf16, vs a plain
+SFT step: tokens/s, peak memory; see ``_offline_step_rows.py``) and ``ddp`` (the same step on 2 GPUs
+through the trainer's DDP engine; skipped with fewer). Every row is printed as one JSON line.
+
+    python3 benchmarks/gpu_bench.py --suites offline,ddp --model 1.5b --T 2048
+
 ``--dry-run`` parses arguments and prints the plan without touching CUDA (used by the CPU tests).
+``--tiny`` runs the offline and ddp suites end to end on the CPU with the tiny model (2 gloo processes):
+the numbers mean nothing, but the script is known to work before a GPU is lent.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import statistics
 import sys
 
 VARIANTS = ("naive", "naive-linear", "chunked", "fused", "trl", "liger")
+SUITES = ("gjsd", "offline", "ddp")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,10 +53,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="hidden/weight dtype")
     p.add_argument("--out", default=None)
     p.add_argument("--dry-run", action="store_true", help="print the plan; do not use CUDA")
+    p.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated, from {SUITES}")
+    p.add_argument(
+        "--model", default="1.5b", choices=["0.5b", "1.5b", "7b"], help="offline/ddp: Qwen2.5 config"
+    )
+    p.add_argument("--hint", type=int, default=64, help="offline/ddp: hint tokens in the teacher rows")
+    p.add_argument("--tiny", action="store_true", help="offline/ddp on the CPU with the tiny model")
+    p.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     bad = [v for v in args.variants.split(",") if v not in VARIANTS]
     if bad:
         p.error(f"unknown variants {bad}; choose from {VARIANTS}")
+    bad = [v for v in args.suites.split(",") if v not in SUITES]
+    if bad:
+        p.error(f"unknown suites {bad}; choose from {SUITES}")
+    if args.tiny:
+        args.suites = ",".join(x for x in args.suites.split(",") if x != "gjsd")
+        args.T = min(args.T, 64)
     return args
 
 
@@ -151,14 +174,41 @@ def run_variant(torch, args, variant: str, copy_gbs: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     variants = args.variants.split(",")
+    suites = args.suites.split(",")
     if args.dry_run:
-        print(json.dumps({"plan": variants, "shape": [args.B, args.T, args.V, args.H], "dtype": args.dtype}))
+        print(json.dumps({"plan": variants, "shape": [args.B, args.T, args.V, args.H], "dtype": args.dtype,
+                          "suites": suites, "model": "tiny" if args.tiny else args.model}))  # fmt: skip
+        return 0
+    import _offline_step_rows as osr
+
+    if args.ddp_worker:
+        osr.ddp_worker(args)
         return 0
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_bench.py needs a CUDA device (use --dry-run to check the arguments)", file=sys.stderr)
+    if not args.tiny and not torch.cuda.is_available():
+        print("gpu_bench.py needs a CUDA device (--tiny runs on the CPU; --dry-run checks the arguments)",
+              file=sys.stderr)  # fmt: skip
         return 2
+    rows: list[dict] = []
+    if "offline" in suites or "ddp" in suites:
+        offline = osr.offline_rows(args)
+        if "offline" in suites:
+            rows += offline
+        if "ddp" in suites:
+            rows += osr.ddp_rows(args, next(r for r in offline if r["row"] == "offline-3ch"))
+        for r in rows:
+            print(json.dumps(r), flush=True)
+    if "gjsd" in suites:
+        rows += gjsd_rows(args, torch, variants)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    return 0
+
+
+def gjsd_rows(args, torch, variants: list[str]) -> list[dict]:
+    """The GJSD variants: one JSON line each on stdout, the markdown table on stderr."""
     from composer_replication.kernels.triton_liger import available_backends
 
     have = set(available_backends())
@@ -173,23 +223,23 @@ def main(argv: list[str] | None = None) -> int:
         except torch.cuda.OutOfMemoryError:
             results.append({"variant": v, "status": "out of memory"})
         torch.cuda.empty_cache()
-    print(f"device: {torch.cuda.get_device_name()}  copy bandwidth: {copy_gbs:.0f} GB/s")
-    print("| variant | fwd ms | bwd ms | peak GiB | above inputs GiB | GB/s (frac of copy) | TFLOP/s |")
-    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        print(json.dumps({"row": f"gjsd-{r['variant']}", "copy_gbs": copy_gbs, **r}), flush=True)
+    table = [f"device: {torch.cuda.get_device_name()}  copy bandwidth: {copy_gbs:.0f} GB/s",
+             "| variant | fwd ms | bwd ms | peak GiB | above inputs GiB | GB/s (frac of copy) | TFLOP/s |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:
         if r["status"] != "ok":
-            print(f"| {r['variant']} | {r['status']} | | | | | |")
+            table.append(f"| {r['variant']} | {r['status']} | | | | | |")
             continue
         bw = f"{r['achieved_gbs']:.0f} ({r['fraction_of_copy_bw']:.2f})" if "achieved_gbs" in r else ""
         tf = f"{r['projection_tflops']:.1f}" if "projection_tflops" in r else ""
-        print(
+        table.append(
             f"| {r['variant']} | {r['forward_ms']:.1f} | {r['backward_ms']:.1f} | {r['peak_gib']:.2f} | "
             f"{r['above_inputs_gib']:.2f} | {bw} | {tf} |"
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "copy_gbs": copy_gbs, "results": results}, f, indent=1)
-    return 0
+    print("\n".join(table), file=sys.stderr)
+    return [{"row": f"gjsd-{r['variant']}", "copy_gbs": copy_gbs, **r} for r in results]
 
 
 if __name__ == "__main__":

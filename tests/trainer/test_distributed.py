@@ -113,6 +113,29 @@ def test_fsdp2_fused_kernels_give_the_unsharded_gradients(small_data):
     assert out["worst_grad_rel"] < 1e-5
 
 
+@pytest.mark.slow
+def test_accelerate_launch_runs_the_same_trajectory(small_data, tmp_path):
+    import socket
+
+    one = _config(small_data, tmp_path, "one", grad_accum=2)
+    two = _config(small_data, tmp_path, "two", grad_accum=1)
+    p1 = _train(one, tmp_path / "one")
+    assert p1.returncode == 0, p1.stderr[-3000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+        "-m", "composer_replication.cli.main", "train", str(two), "--out", str(tmp_path / "two"),
+    ]  # fmt: skip
+    p2 = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    _assert_same_trajectory(
+        rows(tmp_path / "two" / "metrics.jsonl"), rows(tmp_path / "one" / "metrics.jsonl"), 1e-5
+    )
+
+
 def _worker(parent: psutil.Process, rank: int) -> psutil.Process | None:
     for child in parent.children(recursive=True):
         try:
