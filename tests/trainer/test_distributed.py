@@ -228,3 +228,22 @@ def test_missing_rendezvous_fails_with_one_line_before_any_model_loads(
     assert time.monotonic() - start < 30
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"no rendezvous at MASTER_ADDR=127.0.0.1 MASTER_PORT={port}" in err
+
+
+def test_fsdp2_with_on_policy_sdpo_is_refused_before_the_rendezvous(small_data, monkeypatch):
+    from composer_replication.config import build_config
+    from composer_replication.trainer import distributed
+    from composer_replication.trainer.dist_launch import LaunchError
+
+    cfg = build_config(
+        tiny_config(
+            small_data,
+            loss={"sdpo": {"weight": 1.0, "source": "on_policy"}},
+            distributed={"strategy": "fsdp2"},
+        )
+    )
+    env = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(LaunchError, match="on_policy .* use distributed.strategy ddp"):
+        distributed.setup(cfg)
