@@ -34,6 +34,10 @@ class ModelConfig(_Model):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="`auto`: bf16 where the hardware supports it (CUDA bf16), else fp32"
     )
+    activation_checkpointing: bool = Field(
+        False,
+        description="recompute each decoder layer in backward (offline mode): far less activation memory",
+    )
 
 
 class DataConfig(_Model):

@@ -27,8 +27,11 @@ def load_model(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
         cfg.model.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
     ):
         dtype = torch.bfloat16
-    model, tok = models.load_model_and_tokenizer(cfg.model.path, seed=cfg.seed)
+    # loaded in the training dtype: a 32B model read as fp32 first would need 131 GB per process
+    model, tok = models.load_model_and_tokenizer(cfg.model.path, seed=cfg.seed, dtype=dtype)
     model.to(device=device, dtype=dtype)
+    if cfg.model.activation_checkpointing:  # each layer recomputed in backward: activations ~ 1/layers
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return apply_lora(model, cfg), tok
 
 
