@@ -49,6 +49,7 @@ from composer_replication.config.run import RunConfig, demo_config, load_run_con
 from composer_replication.config.train import (
     CheckpointConfig,
     DataConfig,
+    DistributedConfig,
     GRPOSection,
     LoggingConfig,
     LoraConfig,
@@ -57,6 +58,7 @@ from composer_replication.config.train import (
     RewardConfig,
     ScheduleConfig,
     TrainConfig,
+    VLLMSection,
     build_config,
     load_config,
 )
@@ -66,6 +68,7 @@ __all__ = [
     "CheckpointConfig",
     "ConfigError",
     "DataConfig",
+    "DistributedConfig",
     "GRPOSection",
     "LocalStoreConfig",
     "LoggingConfig",
@@ -91,6 +94,7 @@ __all__ = [
     "DPOPreference",
     "SimPOPreference",
     "TrainConfig",
+    "VLLMSection",
     "build_config",
     "check_base_url",
     "demo_config",

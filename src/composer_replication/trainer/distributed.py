@@ -107,7 +107,7 @@ class Engine:
         return compose_loss(model, batch, **kwargs)
 
     def reference_logprobs(self, model: Any, tok: Any, pairs: list[dict], max_len: int) -> dict[str, tuple]:
-        from composer_replication.trainer.offline import reference_logprobs
+        from composer_replication.trainer.offline_parts import reference_logprobs
 
         return reference_logprobs(model, tok, pairs, max_len)
 
@@ -242,7 +242,7 @@ class DistributedEngine(Engine):
     def reference_logprobs(self, model: Any, tok: Any, pairs: list[dict], max_len: int) -> dict[str, tuple]:
         """Batches of 4 pairs dealt round-robin to the ranks (the single-process batches, so the same
         values); every rank runs as many batches (FSDP2 forwards are collective), then all gather."""
-        from composer_replication.trainer.offline import reference_logprobs
+        from composer_replication.trainer.offline_parts import reference_logprobs
 
         chunks = [pairs[i : i + 4] for i in range(0, len(pairs), 4)]
         mine = chunks[self.rank :: self.world_size]
