@@ -231,6 +231,17 @@ class LossConfig(StrictModel):
         default_factory=DPOPreference, description="preference channel; variant by `type`: dpo | simpo"
     )
 
+    def compose_loss_kwargs(self) -> dict[str, Any]:
+        """The channel arguments of ``compose_loss`` (and ``ComposerReplicationTrainer``, which takes the
+        same names) for this section; ``taid_t`` comes from the trainer's ``TAIDScheduler``."""
+        s, p = self.sdpo, self.preference
+        return dict(
+            alpha_sdpo=s.weight, beta_replay=p.weight, lm_ce_label_smoothing=self.label_smoothing,
+            sdpo_wrapper=s.wrapper, sdpo_jsd_beta=s.jsd_beta, sdpo_temperature=s.temperature,
+            sdpo_token_clip=s.token_clip, entropy_opd_h_max=s.entropy_opd_h_max,
+            dpo_variant=p.variant, replay_dpo_beta=p.dpo_beta, simpo_beta=p.simpo_beta, simpo_gamma=p.simpo_gamma,
+        )  # fmt: skip
+
     @field_validator("sdpo", mode="before")
     @classmethod
     def _sdpo_type(cls, v: Any) -> Any:

@@ -118,21 +118,7 @@ def pair_batch(tok, rows: list[dict], ref: dict[str, tuple], max_len: int, devic
 
 
 def loss_kwargs(cfg: TrainConfig, taid) -> dict[str, Any]:
-    s, p = cfg.loss.sdpo, cfg.loss.preference
-    kw: dict[str, Any] = dict(
-        alpha_sdpo=s.weight,
-        beta_replay=p.weight,
-        sdpo_jsd_beta=s.jsd_beta,
-        sdpo_temperature=s.temperature,
-        sdpo_token_clip=s.token_clip,
-        replay_dpo_beta=p.dpo_beta,
-        lm_ce_label_smoothing=cfg.loss.label_smoothing,
-        dpo_variant=p.variant,
-        sdpo_wrapper=s.wrapper,
-        simpo_beta=p.simpo_beta,
-        simpo_gamma=p.simpo_gamma,
-        entropy_opd_h_max=s.entropy_opd_h_max,
-    )
+    kw = cfg.loss.compose_loss_kwargs()
     if taid is not None:
         kw["taid_t"] = taid.t
     return kw
