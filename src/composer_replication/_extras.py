@@ -13,7 +13,10 @@ of the package either, so any layer may use it.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from collections.abc import Mapping
+from typing import Any
 
 # extra (as in pyproject.toml) -> the top-level modules it installs that the code imports.
 EXTRAS: dict[str, tuple[str, ...]] = {
@@ -63,3 +66,18 @@ def require(extra: str, *modules: str, purpose: str | None = None) -> None:
     for module in modules or EXTRAS[extra]:
         if not is_available(module):
             raise MissingExtraError(extra, module, purpose)
+
+
+def lazy_attr(namespace: dict[str, Any], exports: Mapping[str, str], name: str, *, cache: bool = True) -> Any:
+    """The body of a package's PEP 562 ``__getattr__``: import the module ``exports[name]`` names (a full
+    dotted path, or one relative to the package) and return its ``name``, cached in ``namespace`` unless
+    ``cache`` is off. Packages whose names pull in an optional extra (TRL, torch) stay cheap to import."""
+    module = exports.get(name)
+    if module is None:
+        raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
+    if not module.startswith("composer_replication"):
+        module = f"{namespace['__name__']}.{module}"
+    value = getattr(importlib.import_module(module), name)
+    if cache:
+        namespace[name] = value
+    return value

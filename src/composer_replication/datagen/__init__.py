@@ -6,8 +6,9 @@ resolved lazily so that importing the package stays cheap.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from composer_replication._extras import lazy_attr
 
 _EXPORTS = {
     "Sandbox": "sandbox",
@@ -38,6 +39,4 @@ __all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'composer_replication.datagen' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"composer_replication.datagen.{_EXPORTS[name]}"), name)
+    return lazy_attr(globals(), _EXPORTS, name, cache=False)  # a patched backend module is seen at once

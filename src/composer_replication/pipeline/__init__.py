@@ -7,8 +7,9 @@ so importing the package stays light.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from composer_replication._extras import lazy_attr
 
 _EXPORTS = {
     "RunConfig": "config",
@@ -30,9 +31,4 @@ __all__ = list(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'composer_replication.pipeline' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"composer_replication.pipeline.{mod}"), name)
-    globals()[name] = value
-    return value
+    return lazy_attr(globals(), _EXPORTS, name)

@@ -6,8 +6,9 @@ the TRL-backed names are resolved lazily through PEP 562 ``__getattr__``.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from composer_replication._extras import lazy_attr
 
 _LAZY = {
     "ComposerReplicationTrainer": "composer_replication.trainer.composer_trainer",
@@ -21,12 +22,7 @@ __all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    return lazy_attr(globals(), _LAZY, name)
 
 
 def __dir__() -> list[str]:
