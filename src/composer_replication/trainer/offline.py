@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from composer_replication.config import TrainConfig, build_config
-from composer_replication.config.loss import TAIDSDPO
 from composer_replication.trainer import checkpoint as ckpt
 from composer_replication.trainer import offline_data as od
 from composer_replication.trainer import pair_tokens
@@ -34,6 +33,7 @@ from composer_replication.trainer.offline_parts import (
     load_model,
     loss_kwargs,
     make_optimizer,
+    make_taid,
     pair_batch,
     reference_logprobs,
     seed_everything,
@@ -113,18 +113,7 @@ class OfflineStepper:
         self._ref_pairs = train_pairs if ref_pairs is None else ref_pairs
         self._ref: dict[str, tuple] | None = None
         self.opt, self.sched = make_optimizer(cfg, model)
-        self.taid = None
-        if isinstance(t := cfg.loss.sdpo, TAIDSDPO):
-            from composer_replication.distillation import TAIDScheduler
-
-            self.taid = TAIDScheduler(
-                cfg.schedule.max_steps,
-                t_start=t.t_start,
-                t_end=t.t_end,
-                alpha=t.alpha,
-                beta=t.beta,
-                disable_adaptive=t.disable_adaptive,
-            )
+        self.taid = make_taid(cfg)
 
     @property
     def ref(self) -> dict[str, tuple]:

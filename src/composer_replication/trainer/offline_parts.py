@@ -15,6 +15,7 @@ import torch
 
 from composer_replication._extras import require
 from composer_replication.config import TrainConfig
+from composer_replication.config.loss import TAIDSDPO
 from composer_replication.trainer import pair_tokens
 
 
@@ -115,6 +116,17 @@ def pair_batch(tok, rows: list[dict], ref: dict[str, tuple], max_len: int, devic
     vals = torch.tensor([ref[p] for p in enc.pop("pair_ids")], dtype=torch.float32)
     enc["dpo_chosen_ref_logprobs"], enc["dpo_rejected_ref_logprobs"] = vals[:, 0], vals[:, 1]
     return {k: v.to(device) for k, v in enc.items()}
+
+
+def make_taid(cfg: TrainConfig) -> Any:
+    """The ``TAIDScheduler`` of ``loss.sdpo`` with ``type: taid`` over ``schedule.max_steps``; else None."""
+    s = cfg.loss.sdpo
+    if not isinstance(s, TAIDSDPO):
+        return None
+    from composer_replication.distillation import TAIDScheduler
+
+    return TAIDScheduler(cfg.schedule.max_steps, t_start=s.t_start, t_end=s.t_end, alpha=s.alpha,
+                         beta=s.beta, disable_adaptive=s.disable_adaptive)  # fmt: skip
 
 
 def loss_kwargs(cfg: TrainConfig, taid) -> dict[str, Any]:
