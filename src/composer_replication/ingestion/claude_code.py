@@ -90,6 +90,7 @@ class ClaudeCodeIngester(SessionIngester):
             v = r.get("version")
             if v is not None and v != ctx.get("ver"):
                 ctx["ver"] = v
+                assert stats.version_warnings is not None  # IngestionStats.__post_init__
                 check_version(
                     v, *TESTED_VERSIONS, "Claude Code", ctx.get("file", "session"), stats.version_warnings
                 )

@@ -122,6 +122,7 @@ class CodexIngester(SessionIngester):
         return None
 
     def _meta(self, payload: dict[str, Any], stats: IngestionStats, ctx: dict[str, Any]) -> dict[str, Any]:
+        assert stats.version_warnings is not None  # IngestionStats.__post_init__
         check_version(
             payload.get("cli_version"),
             *TESTED_VERSIONS,
