@@ -19,8 +19,13 @@ else
   echo "test.sh: not root - no Docker daemon is started; the docker backend's tests skip, saying so" >&2
 fi
 
+# Types: mypy over src/ with the checked-in config (pyproject.toml [tool.mypy]); an error fails the run.
+python3 -m mypy
+types=$?
+
 python3 -m pytest -m "not gpu and not cloud" -p no:cacheprovider "$@"
 rc=$?
 # pytest exit code 5 = no tests collected: that is a failure of the suite, not a pass.
 if [ "$rc" = 5 ]; then echo "no tests were collected" >&2; exit 1; fi
+if [ "$types" != 0 ]; then echo "mypy found type errors (above)" >&2; [ "$rc" = 0 ] && rc=1; fi
 exit "$rc"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -41,6 +41,9 @@ else:  # the module imports without TRL; building the trainer names the extra to
             require("trl", "trl", purpose="ComposerReplicationTrainer")
 
 
+if TYPE_CHECKING:
+    from trl import GRPOConfig
+
 logger = logging.getLogger(__name__)
 
 _GLOBAL_NORM = ("dapo", "cispo", "vespo")
@@ -55,6 +58,11 @@ def _hint_for(error_kind: str, meta: dict | None) -> str | None:
 
 class ComposerReplicationTrainer(GRPOTrainer):
     """GRPO-family policy loss (any TRL ``loss_type``) + α·SDPO + β·DPO; see the module docstring."""
+
+    # What TRL's __init__ sets, as this class uses it (the base types leave them optional / generic).
+    model: torch.nn.Module
+    args: GRPOConfig
+    _channel_metrics: dict[str, float]
 
     def __init__(
         self,
@@ -81,7 +89,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.sdpo_temperature = sdpo_temperature
         self.sdpo_token_clip = sdpo_token_clip
         self.replay_dpo_beta = replay_dpo_beta
-        self.dpo_variant = dpo_variant
+        if dpo_variant not in ("dpo", "simpo"):
+            raise ValueError(f"dpo_variant {dpo_variant!r}: use 'dpo' or 'simpo'")
+        self.dpo_variant = cast(Literal["dpo", "simpo"], dpo_variant)
         self.simpo_beta, self.simpo_gamma = simpo_beta, simpo_gamma
         self.composer_kl_coef = composer_kl_coef
         self.max_dpo_seq_len = max_dpo_seq_len
