@@ -80,7 +80,7 @@ def launch_env(environ: dict[str, str] | None = None) -> dict[str, Any] | None:
             "or `composer-replication train CONFIG --nproc N`"
         )
     try:
-        out = {
+        out: dict[str, Any] = {
             "rank": int(env["RANK"]),
             "world_size": int(world),
             "local_rank": int(env["LOCAL_RANK"]),

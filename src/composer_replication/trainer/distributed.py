@@ -267,9 +267,12 @@ class DistributedEngine(Engine):
         # Sharded gradients: sum the squares of the local shards in float64 and all-reduce. (The DTensor
         # norm of torch 2.13 was off by 1e-5 relative on a sharded embedding gradient here.)
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        from torch.distributed.tensor import DTensor
+
         for p in params:
             if p.grad is not None:
-                sq += torch.linalg.vector_norm(p.grad.to_local(), dtype=torch.float64) ** 2
+                grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad  # FSDP2: DTensor shards
+                sq += torch.linalg.vector_norm(grad, dtype=torch.float64) ** 2
         dist.all_reduce(sq)
         total = sq.sqrt().float()
         if max_norm is not None:

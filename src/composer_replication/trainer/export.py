@@ -118,13 +118,17 @@ def base_dir(cfg: Any) -> Path | None:
 
 
 def export_checkpoint(
-    cfg: Any, checkpoint: str | Path, target: str | Path, *, merge: bool = False
+    cfg: Any, checkpoint: str | Path | None, target: str | Path, *, merge: bool = False
 ) -> ExportedModel:
     """Rebuild ``cfg``'s model on the CPU, load ``checkpoint``'s trained weights, :func:`export_model` it.
 
-    The weights keep the dtype they were trained in (recorded in the checkpoint).
+    The weights keep the dtype they were trained in (recorded in the checkpoint). ``checkpoint`` is
+    what ``checkpoint.latest_checkpoint`` found: None (no checkpoint) is a ``RuntimeError``.
     """
     import torch
+
+    if checkpoint is None:
+        raise RuntimeError(f"{target}: nothing to export, the run has no checkpoint (did training save one?)")
 
     from composer_replication.trainer import checkpoint as ckpt
     from composer_replication.trainer.offline import load_model
