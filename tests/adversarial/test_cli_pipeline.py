@@ -25,14 +25,17 @@ SESSION = (
 )
 
 
-def small_config(tmp_path: Path, srv: FakeOpenRouter, name: str = "run.yaml", **over) -> Path:
-    """One real session, two loopback teachers, the tiny student, nothing that needs a sandbox."""
+def small_config(tmp_path: Path, srv: FakeOpenRouter, name: str = "run.yaml", key_env: str | None = None,
+                 **over) -> Path:  # fmt: skip
+    """One real session, two loopback teachers, the tiny student, nothing that needs a sandbox.
+    ``key_env``: the teachers' API key comes from this variable (the server records who sent what)."""
+    extra = {"api_key_env": key_env} if key_env else {}
     (tmp_path / "sessions").mkdir(exist_ok=True)
     shutil.copy(SESSION, tmp_path / "sessions" / SESSION.name)
     cfg = {
         "student": {"name": "tiny"},
         "sources": {"paths": ["sessions"], "heldout_fraction": 0.0},
-        "replay": {"teachers": srv.teachers(("t/a", "t/b"), price=(1.0, 2.0)), "max_total_usd": 1.0,
+        "replay": {"teachers": srv.teachers(("t/a", "t/b"), price=(1.0, 2.0), **extra), "max_total_usd": 1.0,
                    "max_tokens": 32, "history_messages": 4, "concurrency": 1},
         "normalize": {"skip_dj": True},
         "train": {"schedule": {"max_steps": 1, "batch_size": 1}, "logging": {"plot": False, "progress": False}},
@@ -53,22 +56,26 @@ def cli(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProces
 
 def test_second_run_on_a_busy_directory_fails_at_once_naming_the_pid(tmp_path):
     with FakeOpenRouter(latency_s=5.0) as srv:
-        cfg, run = small_config(tmp_path, srv), tmp_path / "run"
+        # Each run sends its own key, so the server tells their requests apart (the first run keeps calling
+        # while the second starts, however slow this machine is).
+        cfg, run = small_config(tmp_path, srv, key_env="CR_TEST_RUN_KEY"), tmp_path / "run"
         first = subprocess.Popen([sys.executable, "-m", "composer_replication.cli.main", "run", str(cfg), "--out",
                                   str(run), "--until", "pairs"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)  # fmt: skip
+                                 text=True, env={**os.environ, "CR_TEST_RUN_KEY": "first-run"})  # fmt: skip
         try:
             deadline = time.monotonic() + 120
             while srv.n_requests == 0:  # the first run is inside replay, mid-call
                 assert time.monotonic() < deadline and first.poll() is None, first.communicate()
                 time.sleep(0.1)
             t0 = time.monotonic()
-            second = cli("run", str(cfg), "--out", str(run), "--until", "pairs")
+            second = cli(
+                "run", str(cfg), "--out", str(run), "--until", "pairs", env={"CR_TEST_RUN_KEY": "second-run"}
+            )
             assert second.returncode == 1 and time.monotonic() - t0 < 30, second.stderr[-2000:]
             assert f"in use by pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
             st = cli("status", str(run), "--json")
             assert f"pid {first.pid}" in json.loads(st.stdout)["in_use_by"]
-            assert srv.n_requests == 1  # the second run sent nothing
+            assert srv.seen_auth == {"Bearer first-run"}  # the second run sent nothing
         finally:
             (run / "STOP").touch()  # the first run stops at its next poll (exit 3)
             out, err = first.communicate(timeout=120)
