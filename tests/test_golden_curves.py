@@ -22,7 +22,7 @@ def _golden(mode: str) -> dict:
     return json.loads((golden.ASSETS / f"{mode}_tiny.json").read_text())
 
 
-@pytest.mark.parametrize("mode", ["offline"])
+@pytest.mark.parametrize("mode", ["offline", pytest.param("grpo", marks=pytest.mark.slow)])  # grpo: ~50 s
 def test_training_reproduces_the_golden_curve(mode):
     record = _golden(mode)
     assert record["config"] == golden.config(mode), "the recorded config changed: regenerate on purpose"

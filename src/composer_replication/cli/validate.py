@@ -42,9 +42,12 @@ def run(args: argparse.Namespace) -> int:
                 f"cap ${rc.replay.max_total_usd:.2f}, grpo={'on' if rc.grpo.enabled else 'off'})"
             )
         return 0
-    from composer_replication.config import load_config
+    from composer_replication.config import ConfigError, grpo_config_problems, load_config
 
     cfg = load_config(args.config)
+    problems = grpo_config_problems(cfg) if cfg.mode == "grpo" else []
+    if problems:
+        raise ConfigError(f"{args.config}: grpo mode cannot honour " + "; ".join(problems))
     if args.show:
         print(cfg.model_dump_json(indent=2))
     else:

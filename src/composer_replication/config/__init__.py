@@ -60,6 +60,7 @@ from composer_replication.config.train import (
     TrainConfig,
     VLLMSection,
     build_config,
+    grpo_config_problems,
     load_config,
 )
 
@@ -99,6 +100,7 @@ __all__ = [
     "check_base_url",
     "demo_config",
     "format_validation_error",
+    "grpo_config_problems",
     "load_config",
     "load_file",
     "load_replica_config",

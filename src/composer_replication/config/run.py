@@ -281,6 +281,20 @@ class RunConfig(_Section):
             )
         return v
 
+    @model_validator(mode="after")
+    def _grpo_phase_honours_train(self) -> RunConfig:
+        if self.grpo.enabled:
+            from composer_replication.config.train import grpo_config_problems
+
+            problems = grpo_config_problems(self.train, pipeline=True)
+            if self.train.grpo.reward.type != "teacher_match":  # the default; the phase has its own reward
+                problems.append(
+                    "grpo.reward: the GRPO phase scores with the sandbox's shaped reward; remove it"
+                )
+            if problems:
+                raise ValueError("the GRPO phase cannot honour train." + "; train.".join(problems))
+        return self
+
     @field_validator("sources")
     @classmethod
     def _expand(cls, v: SourcesConfig) -> SourcesConfig:

@@ -208,6 +208,50 @@ class TrainConfig(_Model):
         return self
 
 
+# trl.GRPOConfig fields that a TrainConfig field decides: in grpo.overrides they are a conflict.
+GRPO_OWNED_ARGS = {
+    "output_dir": "the run directory (--out)", "learning_rate": "optimizer.lr",
+    "weight_decay": "optimizer.weight_decay", "adam_beta1": "optimizer.betas", "adam_beta2": "optimizer.betas",
+    "optim": "optimizer.type", "max_grad_norm": "optimizer.grad_clip", "lr_scheduler_type": "schedule.type",
+    "warmup_steps": "schedule.warmup_steps", "max_steps": "schedule.max_steps",
+    "per_device_train_batch_size": "schedule.batch_size", "gradient_accumulation_steps": "schedule.grad_accum",
+    "num_generations": "grpo.num_generations", "max_completion_length": "grpo.max_completion_length",
+    "temperature": "grpo.temperature", "seed": "seed", "bf16": "model.dtype", "report_to": "logging.report_to",
+    "logging_steps": "logging.log_every", "disable_tqdm": "logging.progress",
+    "save_strategy": "checkpoint.every_steps", "save_steps": "checkpoint.every_steps",
+    "save_total_limit": "checkpoint.keep_last",
+}  # fmt: skip
+
+
+def grpo_config_problems(
+    cfg: Any, *, pipeline: bool = False, known_args: set[str] | None = None
+) -> list[str]:
+    """The fields of ``cfg`` (a ``TrainConfig`` or the run config's ``train`` section) that grpo mode
+    cannot honour, one line each (docs/training.md, "GRPO mode"). ``pipeline``: the online phase of
+    ``run``, where ``loss.label_smoothing`` and ``data.eval_fraction`` belong to the offline phase.
+    ``known_args``: ``trl.GRPOConfig``'s field names, to check ``grpo.overrides`` keys against."""
+    problems = []
+    if not pipeline and cfg.loss.label_smoothing > 0:
+        problems.append("loss.label_smoothing: grpo mode has no cross-entropy channel to smooth; set it to 0")
+    if not pipeline and cfg.data.eval_fraction > 0:
+        problems.append("data.eval_fraction: grpo mode holds nothing out; set it to 0 (evaluate with `run`)")
+    sdpo = cfg.loss.sdpo
+    if not pipeline and "source" in sdpo.model_fields_set and sdpo.source == "recorded":
+        problems.append(
+            "loss.sdpo.source: grpo mode's SDPO scores the sampled completions; remove it or use on_policy"
+        )
+    if not pipeline and "on_policy" in sdpo.model_fields_set:
+        problems.append(
+            "loss.sdpo.on_policy: grpo mode samples with grpo.max_completion_length/temperature; remove it"
+        )
+    for key in cfg.grpo.overrides:
+        if key in GRPO_OWNED_ARGS:
+            problems.append(f"grpo.overrides.{key}: set {GRPO_OWNED_ARGS[key]} instead")
+        elif known_args is not None and key not in known_args:
+            problems.append(f"grpo.overrides.{key}: not a trl.GRPOConfig field")
+    return problems
+
+
 def _resolve_data_paths(data: dict[str, Any], base_dir: Path) -> None:
     section = data.get("data")
     if isinstance(section, dict):

@@ -1,17 +1,25 @@
-"""The pipeline's online phase: GRPO-family RL (TRL) on the bundled sandbox coding tasks.
+"""The pipeline's online phase: GRPO-family RL (TRL) on the bundled sandbox coding tasks, three channels.
 
 Prompts are the tasks' opening messages as rollouts see them (``wire``: system message with the tools and
-the action format, the instruction with the workspace files);
-the reward is ``datagen.env.make_test_reward``: each completion's tool calls are applied in a fresh
-sandbox and the task's tests decide 1.0 / 0.0 (an infrastructure failure is None and moves nothing).
-The policy loss is the ``train.grpo.objective`` preset through ``ComposerReplicationTrainer``; its
-self-distillation and replay-DPO channels stay idle here, because task prompts carry neither a tool
-error nor a preference pair (the offline phase trains those). TRL checkpoints every
-``train.checkpoint.every_steps`` steps; a rerun resumes from the newest one.
+the action format, the instruction with the workspace files). The trainer is the one ``train --mode
+grpo`` uses (``trainer.grpo_build``), so every ``train`` field is honoured or rejected the same way
+(``loss.label_smoothing`` and ``data.eval_fraction`` belong to the offline phase here). Its channels:
+
+- the policy objective (``train.grpo.objective``) on the shaped sandbox reward
+  (``datagen.reward.make_shaped_reward``: well-formed action, tool calls that run, fraction of the task's
+  tests passing; an infrastructure failure is None and moves nothing);
+- SDPO at the failed tool calls of the rollouts: the reward names the first failed call of each
+  completion, its hint (``ingestion.errors.classify_error`` + ``hint_generator``) goes to the teacher,
+  which is the same model given the prompt plus the hint (``train.loss.sdpo``);
+- DPO on the mined pairs (``normalize/pairs.jsonl``, else none): the pairs ride along on the task rows,
+  one per row in turn, so every pair is seen (``train.loss.preference``).
+
+TRL checkpoints every ``train.checkpoint.every_steps`` steps; a rerun resumes from the newest one.
 
 What is covered: rewards come only from tests run inside the sandbox (``datagen`` sandboxes: bwrap or
-docker, no network); the kill switch stops training at the next step. What is not covered: the sandbox's
-own limits (see ``datagen.bwrap_sandbox``), and tasks other than the bundled ones.
+docker, no network); sandbox violations go to the kill switch, which stops training at the next step.
+What is not covered: the sandbox's own limits (see ``datagen.bwrap_sandbox``), and tasks other than the
+bundled ones.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from composer_replication._io import atomic_write_json, write_jsonl_atomic
+from composer_replication._io import atomic_write_json
 
 
 def task_rows(names: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -37,81 +45,48 @@ def task_rows(names: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return chosen, rows
 
 
+def phase_rows(task_rows_: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Task rows with the mined pairs riding along (``dpo_pair``), one per row in turn: the dataset has
+    ``max(len(tasks), len(pairs))`` rows, so every task and every pair appears."""
+    if not pairs:
+        return [dict(r) for r in task_rows_]
+    n = max(len(task_rows_), len(pairs))
+    return [{**task_rows_[i % len(task_rows_)], "dpo_pair": pairs[i % len(pairs)]} for i in range(n)]
+
+
 def train_grpo_on_tasks(
     cfg: Any, *, out_dir: Path, tasks: list[str], resume: bool, kill_switch: Any = None
 ) -> dict[str, Any]:
     """Run the online phase with the trainer's ``TrainConfig`` ``cfg`` (mode grpo); writes ``final/``."""
-    import torch
-    from datasets import Dataset
+    from composer_replication.datagen.env import InfraStats
+    from composer_replication.datagen.reward import make_shaped_reward
+    from composer_replication.trainer import offline_data as od
+    from composer_replication.trainer.grpo_build import build_grpo_trainer, check_grpo_config, run_grpo
 
-    from composer_replication.datagen.env import InfraStats, make_test_reward
-    from composer_replication.trainer.composer_trainer import ComposerReplicationTrainer
-    from composer_replication.trainer.grpo_scale import grpo_config_kwargs, preflight
-    from composer_replication.trainer.offline import load_model
-    from composer_replication.trainer.po_objectives import make_po_config
-
-    preflight(cfg)  # grpo.vllm: the server answers, vLLM is installed (before any model loads)
+    check_grpo_config(cfg, pipeline=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
     chosen, rows = task_rows(tasks)
-    model, tok = load_model(
-        cfg.model_copy(update={"lora": cfg.lora.model_copy(update={"enabled": False})}), torch.device("cpu")
-    )
-    tok.padding_side = "left"
-    g = cfg.grpo
-    args = make_po_config(
-        g.objective, output_dir=str(out_dir / "checkpoints"), use_cpu=not torch.cuda.is_available(),
-        report_to=cfg.logging.report_to or "none", seed=cfg.seed, learning_rate=cfg.optimizer.lr,
-        max_steps=cfg.schedule.max_steps, per_device_train_batch_size=g.num_generations,
-        gradient_accumulation_steps=1, num_generations=g.num_generations,
-        max_completion_length=g.max_completion_length, temperature=g.temperature, logging_steps=1,
-        save_strategy="steps", save_steps=max(1, cfg.checkpoint.every_steps or cfg.schedule.max_steps),
-        save_total_limit=cfg.checkpoint.keep_last, disable_tqdm=not cfg.logging.progress, **(grpo_config_kwargs(cfg) | g.overrides),
-    )  # fmt: skip
+    pairs = od.load_rows(cfg.data.pairs) if cfg.loss.preference.weight > 0 else []
     stats = InfraStats()
-    callbacks = []
-    if kill_switch is not None:
-        from composer_replication.safety.hf_callback import KillSwitchCallback
-
-        callbacks.append(KillSwitchCallback(kill_switch))
-    trainer = ComposerReplicationTrainer(
-        model=model, reward_funcs=make_test_reward(chosen, stats=stats), args=args,
-        train_dataset=Dataset.from_list(rows), processing_class=tok, callbacks=callbacks,
-        alpha_sdpo=0.0, beta_replay=0.0, composer_kl_coef=g.composer_kl_coef,
-    )  # fmt: skip
-    latest = _newest_checkpoint(out_dir / "checkpoints") if resume else None
-    if latest is not None and _global_step(latest) >= cfg.schedule.max_steps:
-        # Already at max_steps (stopped after its last step, e.g. by Ctrl-C): resuming would train one
-        # more step when the epoch has batches left (HF Trainer checks max_steps only after a step).
-        trainer._load_from_checkpoint(str(latest))
-        trainer.state = type(trainer.state).load_from_json(str(latest / "trainer_state.json"))
-    else:
-        trainer.train(resume_from_checkpoint=str(latest) if latest is not None else None)
-    for cb in callbacks:
-        cb.raise_if_triggered()
-    history = [
-        r for r in trainer.state.log_history if "step" in r and "train_runtime" not in r
-    ]  # per-step rows only
-    write_jsonl_atomic(out_dir / "metrics.jsonl", history)
-    from composer_replication.trainer.export import export_model
-
-    export_model(trainer.model, tok, out_dir / "final", merge=True)
-    rewards = [r for r in stats.rewards if r is not None]
-    summary = {"steps": int(trainer.state.global_step), "tasks": len(chosen), "rollouts_scored": stats.scored,
-               "infra_errors": stats.infra_errors, "mean_reward": sum(rewards) / len(rewards) if rewards else None}  # fmt: skip
+    reward = make_shaped_reward(chosen, stats=stats, kill_switch=kill_switch)
+    trainer, callbacks = build_grpo_trainer(
+        cfg, phase_rows(rows, pairs), reward, out_dir, kill_switch=kill_switch, pipeline=True
+    )
+    final = run_grpo(trainer, callbacks, out_dir, resume=resume, plot=False, final_dir=out_dir / "final")
+    history = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rewards = [r["reward"] for r in history if r.get("reward") is not None]
+    zero = [r["frac_reward_zero_std"] for r in history if r.get("frac_reward_zero_std") is not None]
+    summary = {"steps": int(final.get("step", 0) or trainer.state.global_step), "tasks": len(chosen),
+               "pairs": len(pairs), "rollouts_scored": stats.scored, "infra_errors": stats.infra_errors,
+               "first_reward": rewards[0] if rewards else None, "last_reward": rewards[-1] if rewards else None,
+               "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+               "mean_frac_reward_zero_std": sum(zero) / len(zero) if zero else None}  # fmt: skip
+    for key in ("sdpo/loss", "sdpo/tokens", "pref/loss"):
+        vals = [r[key] for r in history if r.get(key) is not None]
+        if vals:
+            summary[f"mean_{key.replace('/', '_')}"] = sum(vals) / len(vals)
     atomic_write_json(out_dir / "final_metrics.json", summary)
     return summary
-
-
-def _newest_checkpoint(root: Path) -> Path | None:
-    steps = [
-        (int(p.name.split("-")[1]), p) for p in root.glob("checkpoint-*") if p.name.split("-")[1].isdigit()
-    ]
-    return max(steps)[1] if steps else None
-
-
-def _global_step(checkpoint: Path) -> int:
-    return int(json.loads((checkpoint / "trainer_state.json").read_text())["global_step"])
 
 
 def sandbox_pass_rate(

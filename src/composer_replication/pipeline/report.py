@@ -52,7 +52,9 @@ def _is_loss(k: str) -> bool:
 
 
 def _is_reward(k: str) -> bool:
-    return "reward" in k and "std" not in k
+    # the mean reward, its parts (shaped reward), and the share of groups with no reward spread: at 1.0
+    # every group is all-equal and the policy term has no gradient
+    return k == "frac_reward_zero_std" or ("reward" in k and "std" not in k)
 
 
 def _line_plot(
@@ -166,7 +168,8 @@ def write_report(run_dir: str | Path, *, title: str = "composer-replication run"
     )
     add(
         "reward.png",
-        "GRPO phase: reward on sandbox tasks",
+        "GRPO phase: mean reward on the sandbox tasks per step, its parts, and frac_reward_zero_std (the "
+        "share of groups whose completions all scored the same: those give the policy term no gradient)",
         _line_plot(
             plt, _series(d["grpo_metrics"], _is_reward), "GRPO phase: reward", "reward", out / "reward.png"
         ),

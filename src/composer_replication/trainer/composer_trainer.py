@@ -1,29 +1,34 @@
 """``ComposerReplicationTrainer``: TRL's ``GRPOTrainer`` + α·SDPO + β·trace-replay DPO.
 
-The loss hook is ``_compute_loss`` (the narrowest one TRL offers). The extra channels need inputs that TRL
-drops: ``_generate_and_score_completions`` builds its output dict from scratch, so extra dataset columns
-never reach ``_compute_loss``. We therefore wrap that method (call ``super()``, then append per-row
-tensors). Per-row tensors and lists survive TRL's ``shuffle_sequence_dict`` / ``split_tensor_dict``
-(indexed along dim 0) and 0-d tensors are passed to every split, which is how TRL carries its own
-``num_items_in_batch``. Extra dataset columns read here:
+The loss hook is ``_compute_loss`` (the narrowest one TRL offers). TRL's ``_generate_and_score_completions``
+builds its output dict from scratch, so we wrap it (``super()``, then append per-row tensors: they survive
+``shuffle_sequence_dict`` / ``split_tensor_dict``; 0-d tensors go to every split, as TRL's own
+``num_items_in_batch`` does). Extra dataset columns read here:
 
-- ``hint`` (str), or ``error_kind`` (+ optional ``error_meta`` dict) resolved by
-  ``hint_generator.dispatch``: the SDPO teacher is the same model given the prompt plus the hint.
-  With TRL tools, a rollout whose tool call failed gets a hint built on the fly (online SDPO).
-- ``dpo_pair``: a ``DPOPair`` / ``NormalizedDPOPair`` dict. Its reference log-probs are computed once,
-  with the reference model (TRL's ``ref_model``, the base model with PEFT adapters disabled, or the
-  initial weights), and cached by pair id.
+- ``hint`` (str), or ``error_kind`` (+ optional ``error_meta`` dict or JSON text) resolved by
+  ``hint_generator.dispatch``: the SDPO teacher is the same model given the prompt plus the hint
+  (``wire.add_hint``).
+- Online SDPO: a reward function may publish ``last_hints`` (one hint or None per completion of its
+  last call, as ``datagen.reward.make_shaped_reward`` does at the first failed tool call of each
+  sandboxed completion); a completion with a hint gets the hinted teacher. With TRL tools, a rollout
+  whose tool call failed gets a hint built on the fly.
+- ``dpo_pair``: a ``DPOPair`` / ``NormalizedDPOPair`` dict (or its JSON text). Its reference log-probs
+  are computed once, with the reference model (TRL's ``ref_model``, the base model with PEFT adapters
+  disabled, or the initial weights), and cached by pair id.
 
 Scaling: each channel is a mean over its own tokens (SDPO) or pairs (DPO), normalised like TRL's own
 term: for ``dapo``/``cispo``/``vespo`` by the generation-batch count rescaled to one accumulation
 window (as TRL does with ``num_items_in_batch``), otherwise per micro-batch and divided by the
-gradient-accumulation steps.
+gradient-accumulation steps. ``sdpo_wrapper="taid"`` takes a ``distillation.TAIDScheduler``: ``t``
+advances after each optimizer step with the step's SDPO loss and is saved in every checkpoint.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
+import os
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
@@ -33,12 +38,15 @@ from composer_replication._extras import is_available, require
 from composer_replication.trainer import pair_tokens
 
 if is_available("trl"):
+    from transformers import TrainerCallback
     from trl import GRPOTrainer
 else:  # the module imports without TRL; building the trainer names the extra to install
 
     class GRPOTrainer:  # type: ignore[no-redef]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             require("trl", "trl", purpose="ComposerReplicationTrainer")
+
+    TrainerCallback = object  # type: ignore[misc,assignment]
 
 
 if TYPE_CHECKING:
@@ -54,6 +62,11 @@ def _hint_for(error_kind: str, meta: dict | None) -> str | None:
     from composer_replication.hint_generator import hint_for_error
 
     return hint_for_error(error_kind, meta)
+
+
+def _decoded(value: Any) -> Any:
+    """A dict column as given, or decoded from the JSON text it travels as (``grpo_build.dataset_rows``)."""
+    return json.loads(value) if isinstance(value, str) and value[:1] == "{" else value
 
 
 class ComposerReplicationTrainer(GRPOTrainer):
@@ -72,6 +85,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         sdpo_jsd_beta: float = 0.5,
         sdpo_temperature: float = 1.0,
         sdpo_token_clip: float | None = None,
+        sdpo_wrapper: str = "none",
+        entropy_opd_h_max: float | None = None,
+        sdpo_taid: Any = None,
         replay_dpo_beta: float = 0.1,
         dpo_variant: str = "dpo",
         simpo_beta: float = 2.0,
@@ -83,11 +99,22 @@ class ComposerReplicationTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         if alpha_sdpo < 0 or beta_replay < 0 or composer_kl_coef < 0:
             raise ValueError("alpha_sdpo, beta_replay and composer_kl_coef must be >= 0")
+        if sdpo_wrapper not in ("none", "entropy_opd", "taid") or (sdpo_wrapper == "taid") != (
+            sdpo_taid is not None
+        ):
+            raise ValueError(
+                f"sdpo_wrapper={sdpo_wrapper!r}: 'none' (GJSD), 'entropy_opd', or 'taid' with sdpo_taid "
+                "(a distillation.TAIDScheduler) and only then"
+            )
         self.alpha_sdpo = alpha_sdpo
         self.beta_replay = beta_replay
         self.sdpo_jsd_beta = sdpo_jsd_beta
         self.sdpo_temperature = sdpo_temperature
         self.sdpo_token_clip = sdpo_token_clip
+        self.sdpo_wrapper, self.entropy_opd_h_max = sdpo_wrapper, entropy_opd_h_max
+        self.sdpo_taid, self._taid_losses = sdpo_taid, []
+        if sdpo_taid is not None:
+            self.add_callback(_TAIDStep(self))
         self.replay_dpo_beta = replay_dpo_beta
         if dpo_variant not in ("dpo", "simpo"):
             raise ValueError(f"dpo_variant {dpo_variant!r}: use 'dpo' or 'simpo'")
@@ -150,10 +177,15 @@ class ComposerReplicationTrainer(GRPOTrainer):
     def _row_hints(self, inputs: list[dict]) -> list[str | None]:
         hints: list[str | None] = []
         recent = list(self._logs["completion"])[-len(inputs) :] if self.tools else [None] * len(inputs)
-        for row, completion in zip(inputs, recent):
-            hint = row.get("hint")
+        published = [None] * len(inputs)
+        for f in self.reward_funcs:  # online: a reward that ran the completion names its failed call
+            got = getattr(f, "last_hints", None)
+            if isinstance(got, list) and len(got) == len(inputs):
+                published = [p or q for p, q in zip(published, got)]
+        for row, completion, online in zip(inputs, recent, published):
+            hint = row.get("hint") or online
             if not hint and row.get("error_kind"):
-                hint = _hint_for(row["error_kind"], row.get("error_meta"))
+                hint = _hint_for(row["error_kind"], _decoded(row.get("error_meta")))
             if not hint and isinstance(completion, list):  # online: a tool call in this rollout failed
                 for msg in completion:
                     content = str(msg.get("content", ""))
@@ -172,6 +204,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         out = super()._generate_and_score_completions(inputs)
+        self._log_reward_parts(len(inputs))
         if self.composer_kl_coef > 0:
             self._apply_k1_in_reward(out)
         mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
@@ -192,7 +225,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 out["sdpo_loss_mask"] = mask * row_on[:, None]
                 out["sdpo_num_items"] = out["sdpo_loss_mask"].sum()
         if self.beta_replay > 0:
-            pairs = [x.get("dpo_pair") for x in inputs]
+            pairs = [_decoded(x.get("dpo_pair")) for x in inputs]
             seen: set[str] = set()
             present, first = [], []
             for p in pairs:
@@ -217,6 +250,15 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 out["dpo_row_mask"] = torch.tensor(first, dtype=torch.float32, device=mask.device)
                 out["dpo_num_items"] = out["dpo_row_mask"].sum()
         return out
+
+    def _log_reward_parts(self, n: int) -> None:
+        """Means of the parts of a shaped reward (``last_parts``) as ``reward_parts/<part>`` metrics."""
+        mode = "train" if self.model.training else "eval"
+        for f in self.reward_funcs:
+            parts = getattr(f, "last_parts", None)
+            scored = [p for p in parts or [] if p] if isinstance(parts, list) and len(parts) == n else []
+            for key in scored[0] if scored else ():
+                self._metrics[mode][f"reward_parts/{key}"].append(sum(p[key] for p in scored) / len(scored))
 
     @torch.no_grad()
     def _apply_k1_in_reward(self, out: dict[str, Any]) -> None:
@@ -277,11 +319,17 @@ class ComposerReplicationTrainer(GRPOTrainer):
             student_mask=torch.cat([torch.zeros_like(s_prompt), m.long()], 1),
             attention_mask=torch.cat([inputs["prompt_mask"][rows], cmask], 1),
             teacher_attention_mask=torch.cat([inputs["sdpo_prompt_mask"][rows], cmask], 1),
+            wrapper=self.sdpo_wrapper,
             jsd_beta=self.sdpo_jsd_beta,
             temperature=self.sdpo_temperature,
             token_clip=self.sdpo_token_clip,
+            h_max=self.entropy_opd_h_max,
+            taid_t=self.sdpo_taid.t if self.sdpo_taid is not None else None,
         )
         self._channel_metrics.update(res.metrics)
+        if self.sdpo_taid is not None and self.model.training:
+            self._taid_losses.append(float(res.loss.detach()))
+            self._channel_metrics["sdpo/taid_t"] = self.sdpo_taid.t
         n = torch.tensor(float(res.count), device=res.loss.device)
         return res.loss * n / self._channel_scale(n, inputs.get("sdpo_num_items"))
 
@@ -324,3 +372,38 @@ class ComposerReplicationTrainer(GRPOTrainer):
         for key, value in self._channel_metrics.items():
             self._metrics[mode][key].append(value)
         return policy + self.alpha_sdpo * sdpo + self.beta_replay * dpo
+
+    # ---------------------------------------------------------------- TAID's schedule
+    def _taid_step(self, global_step: int) -> None:
+        """After an optimizer step: advance TAID's ``t`` with the step's mean SDPO loss (as the offline
+        trainer does); a step without SDPO tokens leaves it as it is."""
+        if self._taid_losses:
+            self.sdpo_taid.update_t(sum(self._taid_losses) / len(self._taid_losses), global_step=global_step)
+            self._taid_losses = []
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        super()._save_checkpoint(model, trial)
+        if self.sdpo_taid is not None:  # the schedule's state resumes with the weights
+            from composer_replication._io import atomic_write_json
+
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            atomic_write_json(os.path.join(folder, _TAID_STATE), self.sdpo_taid.state_dict())
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = os.path.join(resume_from_checkpoint, _TAID_STATE)
+        if self.sdpo_taid is not None and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                self.sdpo_taid.load_state_dict(json.load(f))
+
+
+_TAID_STATE = "taid_state.json"
+
+
+class _TAIDStep(TrainerCallback):
+    def __init__(self, trainer: ComposerReplicationTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+        self.trainer._taid_step(state.global_step)
+        return control

@@ -1,0 +1,7 @@
+def fizzbuzz(n):
+    """["1", "2", "Fizz", ...] for 1..n."""
+    out = []
+    for i in range(1, n + 1):
+        word = ("Fizz" if i % 3 == 0 else "") + ("Buzz" if i % 5 == 0 else "")
+        out.append(word or str(i))
+    return out

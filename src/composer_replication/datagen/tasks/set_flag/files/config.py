@@ -1,0 +1,3 @@
+DEBUG = True
+NAME = "app"
+PORT = 8080

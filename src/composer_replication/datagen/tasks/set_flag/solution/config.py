@@ -1,0 +1,3 @@
+DEBUG = False
+NAME = "app"
+PORT = 8080
