@@ -85,15 +85,15 @@ class ComposerReplicationTrainer(GRPOTrainer):
         sdpo_jsd_beta: float = 0.5,
         sdpo_temperature: float = 1.0,
         sdpo_token_clip: float | None = None,
-        sdpo_wrapper: str = "none",
-        entropy_opd_h_max: float | None = None,
-        sdpo_taid: Any = None,
         replay_dpo_beta: float = 0.1,
         dpo_variant: str = "dpo",
         simpo_beta: float = 2.0,
         simpo_gamma: float = 1.0,
         composer_kl_coef: float = 0.0,
         max_dpo_seq_len: int = 2048,
+        sdpo_wrapper: str = "none",
+        entropy_opd_h_max: float | None = None,
+        sdpo_taid: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
