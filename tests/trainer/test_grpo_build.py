@@ -190,10 +190,8 @@ def test_validate_and_run_config_name_the_rejected_fields(tmp_path, capsys):
     assert main(["validate", str(path)]) == 1
     assert "loss.label_smoothing" in capsys.readouterr().err
     run = tmp_path / "run.yaml"
-    run.write_text(
-        yaml.safe_dump({"grpo": {"enabled": True}, "train": {"grpo": {"reward": {"type": "tool_format"}}}})
-    )
-    with pytest.raises(ValueError, match=r"train\.grpo\.reward: the GRPO phase scores with the sandbox"):
+    run.write_text(yaml.safe_dump({"grpo": {"enabled": True, "reward": {"type": "tool_format"}}}))
+    with pytest.raises(ValueError, match=r"grpo\.reward: the GRPO phase scores with the sandbox"):
         load_run_config(run)
     run.write_text(yaml.safe_dump({"grpo": {"enabled": True}, "train": {"loss": {"label_smoothing": 0.1}}}))
     assert load_run_config(run).train.loss.label_smoothing == 0.1  # the offline phase's field

@@ -286,13 +286,16 @@ class RunConfig(_Section):
         if self.grpo.enabled:
             from composer_replication.config.train import grpo_config_problems
 
-            problems = grpo_config_problems(self.train, pipeline=True)
-            if self.train.grpo.reward.type != "teacher_match":  # the default; the phase has its own reward
+            problems = [
+                p if p.startswith("grpo.") else f"train.{p}"
+                for p in grpo_config_problems(self.train, pipeline=True, grpo=self.grpo)
+            ]
+            if self.grpo.reward.type != "teacher_match":  # the default; the phase has its own reward
                 problems.append(
                     "grpo.reward: the GRPO phase scores with the sandbox's shaped reward; remove it"
                 )
             if problems:
-                raise ValueError("the GRPO phase cannot honour train." + "; train.".join(problems))
+                raise ValueError("the GRPO phase cannot honour " + "; ".join(problems))
         return self
 
     @field_validator("sources")

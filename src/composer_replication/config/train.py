@@ -224,12 +224,13 @@ GRPO_OWNED_ARGS = {
 
 
 def grpo_config_problems(
-    cfg: Any, *, pipeline: bool = False, known_args: set[str] | None = None
+    cfg: Any, *, pipeline: bool = False, known_args: set[str] | None = None, grpo: Any = None
 ) -> list[str]:
     """The fields of ``cfg`` (a ``TrainConfig`` or the run config's ``train`` section) that grpo mode
     cannot honour, one line each (docs/training.md, "GRPO mode"). ``pipeline``: the online phase of
     ``run``, where ``loss.label_smoothing`` and ``data.eval_fraction`` belong to the offline phase.
-    ``known_args``: ``trl.GRPOConfig``'s field names, to check ``grpo.overrides`` keys against."""
+    ``known_args``: ``trl.GRPOConfig``'s field names, to check ``grpo.overrides`` keys against.
+    ``grpo``: the GRPO section when it is not ``cfg.grpo`` (the run config's own ``grpo``)."""
     problems = []
     if not pipeline and cfg.loss.label_smoothing > 0:
         problems.append("loss.label_smoothing: grpo mode has no cross-entropy channel to smooth; set it to 0")
@@ -244,7 +245,7 @@ def grpo_config_problems(
         problems.append(
             "loss.sdpo.on_policy: grpo mode samples with grpo.max_completion_length/temperature; remove it"
         )
-    for key in cfg.grpo.overrides:
+    for key in (grpo if grpo is not None else cfg.grpo).overrides:
         if key in GRPO_OWNED_ARGS:
             problems.append(f"grpo.overrides.{key}: set {GRPO_OWNED_ARGS[key]} instead")
         elif known_args is not None and key not in known_args:
