@@ -39,7 +39,6 @@ def test_cli_grpo_mode_on_every_bundled_session(ingested, tmp_path):
     """Traces from all bundled sessions together (Claude Code and Codex: tool inputs of different
     types) train in grpo mode; this crashed in datasets.Dataset.from_list before the one builder."""
     from composer_replication.cli.main import main
-
     from composer_replication.ingestion import read_examples
 
     traces = list(read_examples(ingested / "traces.jsonl"))
