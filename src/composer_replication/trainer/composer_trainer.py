@@ -111,8 +111,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         self.sdpo_jsd_beta = sdpo_jsd_beta
         self.sdpo_temperature = sdpo_temperature
         self.sdpo_token_clip = sdpo_token_clip
-        self.sdpo_wrapper, self.entropy_opd_h_max = sdpo_wrapper, entropy_opd_h_max
-        self.sdpo_taid, self._taid_losses = sdpo_taid, []
+        self.sdpo_wrapper = cast(Literal["none", "taid", "entropy_opd"], sdpo_wrapper)
+        self.entropy_opd_h_max = entropy_opd_h_max
+        self.sdpo_taid, self._taid_losses = sdpo_taid, cast(list[float], [])
         if sdpo_taid is not None:
             self.add_callback(_TAIDStep(self))
         self.replay_dpo_beta = replay_dpo_beta

@@ -115,6 +115,7 @@ def build_grpo_trainer(
     from composer_replication.trainer.composer_trainer import ComposerReplicationTrainer
     from composer_replication.trainer.grpo_scale import preflight
     from composer_replication.trainer.offline import load_model
+    from composer_replication.trainer.offline_parts import make_taid
 
     check_grpo_config(cfg, pipeline=pipeline)
     preflight(cfg)  # grpo.vllm: the server answers, vLLM is installed (before any model loads)
@@ -147,12 +148,7 @@ def build_grpo_trainer(
 
         callbacks.append(KillSwitchCallback(kill_switch))
     s, p = cfg.loss.sdpo, cfg.loss.preference
-    taid = None
-    if s.wrapper == "taid":  # t follows the GRPO steps as it follows the offline ones
-        from composer_replication.distillation import TAIDScheduler
-
-        taid = TAIDScheduler(cfg.schedule.max_steps, t_start=s.t_start, t_end=s.t_end, alpha=s.alpha,
-                             beta=s.beta, disable_adaptive=s.disable_adaptive)  # fmt: skip
+    taid = make_taid(cfg)  # t follows the GRPO steps as it follows the offline ones
     trainer = ComposerReplicationTrainer(
         model=model,
         reward_funcs=reward_funcs,
@@ -223,6 +219,7 @@ def run_grpo(
                 stopped = exc
         history = trainer.state.log_history
     else:
+        assert latest is not None  # done comes from it
         trainer._load_from_checkpoint(str(latest))
         trainer.state = type(trainer.state).load_from_json(str(latest / "trainer_state.json"))
         history = trainer.state.log_history
