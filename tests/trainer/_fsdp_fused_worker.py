@@ -20,7 +20,14 @@ from composer_replication.trainer.offline import pair_batch, reference_logprobs
 
 def main(data_dir: str) -> None:
     set_default_logits_mode("fused", min_vocab=1)
-    cfg = build_config({"data": {"traces": f"{data_dir}/traces.jsonl"}, "distributed": {"strategy": "fsdp2"}})
+    sdpo = {"source": "recorded"}  # FSDP2 refuses on_policy (the default)
+    cfg = build_config(
+        {
+            "data": {"traces": f"{data_dir}/traces.jsonl"},
+            "distributed": {"strategy": "fsdp2"},
+            "loss": {"sdpo": sdpo},
+        }
+    )
     engine = distributed.setup(cfg)
     tok = build_tiny_tokenizer(2048)
     traces = od.load_rows(f"{data_dir}/traces.jsonl")[:2]

@@ -53,7 +53,9 @@ def tiny_config(data_dir: Path, **sections) -> dict:
         "model": {"path": "tiny"},
         "data": {"traces": str(data_dir / "traces.jsonl"), "pairs": str(data_dir / "pairs.jsonl"), "max_seq_len": 256,
                  "max_dpo_seq_len": 128},
-        "loss": {"sdpo": {"weight": 1.0}, "preference": {"weight": 1.0}},
+        # recorded: what these tests were written against (on_policy, the default since the learning
+        # benchmark, has its own tests in test_onpolicy.py, which set it)
+        "loss": {"sdpo": {"weight": 1.0, "source": "recorded"}, "preference": {"weight": 1.0}},
         "optimizer": {"lr": 3e-3},
         "schedule": {"max_steps": 6, "batch_size": 2},
         "checkpoint": {"every_steps": 2, "keep_last": 2},

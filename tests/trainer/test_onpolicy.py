@@ -155,15 +155,21 @@ def test_on_policy_resume_uses_the_cached_samples_not_fresh_ones(small_data, tmp
     assert log[1]["sdpo/tokens"] == 2.0 != first[1]["sdpo/tokens"]
 
 
-def test_on_policy_needs_error_sites(small_data, tmp_path):
+def test_on_policy_without_error_sites_trains_without_sdpo(small_data, tmp_path):
+    # on_policy is the default source, so traces without a failed tool call must still train (the SDPO
+    # channel has nothing to distil, as with source: recorded); OnPolicySDPO itself refuses empty sites
     traces = [t for t in rows(small_data / "traces.jsonl")]
     for t in traces:
         for turn in t["turns"]:
             turn["tool_error"] = None
     (tmp_path / "t.jsonl").write_text("".join(json.dumps(t) + "\n" for t in traces))
     cfg = _on_policy_cfg(small_data, data={"traces": str(tmp_path / "t.jsonl")})
+    train_offline(cfg, out_dir=tmp_path / "run")
+    log = rows(tmp_path / "run" / "metrics.jsonl")
+    assert log and all(r.get("loss/sdpo_jsd", 0.0) == 0.0 and "sdpo/tokens" not in r for r in log)
+    assert all(r["loss/lm_ce"] > 0 for r in log)
     with pytest.raises(ValueError, match="on_policy needs error sites"):
-        train_offline(cfg, out_dir=tmp_path / "run")
+        op.OnPolicySDPO(None, [], cfg, 0)
 
 
 def test_sites_without_a_hint_are_kept_only_on_request(ingested):

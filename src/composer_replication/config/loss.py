@@ -44,9 +44,10 @@ class _SDPOBase(StrictModel):
         0.1, ge=0.0, description="alpha: weight of the self-distillation channel; 0 disables"
     )
     source: Literal["recorded", "on_policy"] = Field(
-        "recorded",
-        description="offline mode: the hinted teacher scores the recorded recovery (recorded) or the "
-        "student's own sample at the error site (on_policy, OPSD)",
+        "on_policy",
+        description="offline mode: the hinted teacher scores the student's own sample at the error site "
+        "(on_policy, OPSD; the default: better on held-out sessions, docs/benchmarks/learning.md) or the "
+        "recorded recovery (recorded)",
     )
     on_policy: OnPolicyConfig = Field(default_factory=OnPolicyConfig, description="source=on_policy sampling")
     jsd_beta: float = Field(0.5, ge=0.0, le=1.0, description="0 forward KL, 0.5 JSD, 1 reverse KL")

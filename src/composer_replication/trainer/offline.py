@@ -108,8 +108,9 @@ class OfflineStepper:
             from composer_replication.trainer.onpolicy import OnPolicySDPO, error_sites
 
             sites = error_sites(train_traces)
-            self.on_policy = OnPolicySDPO(tok, sites, cfg, cfg.seed, sample_cache)
-            self.on_policy.stream = self.engine.stream(self.on_policy.stream)  # each rank its own sites
+            if sites:  # without a failed tool call there is nothing to distil (as with source: recorded)
+                self.on_policy = OnPolicySDPO(tok, sites, cfg, cfg.seed, sample_cache)
+                self.on_policy.stream = self.engine.stream(self.on_policy.stream)  # each rank its own sites
         self._ref_pairs = train_pairs if ref_pairs is None else ref_pairs
         self._ref: dict[str, tuple] | None = None
         self.opt, self.sched = make_optimizer(cfg, model)
