@@ -79,7 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--on-policy-temperature", type=float, default=1.0)
     p.add_argument("--dpo-weight", type=float, default=0.1, help="beta of the preference channel")
     p.add_argument("--grpo-steps", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=32, help="greedy answer length at a site")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=96,
+        help="greedy answer length at a site (a recorded recovery is 64 tokens at the median; a call cut short is invalid)",
+    )
     p.add_argument("--sandbox-new-tokens", type=int, default=48, help="greedy tokens per sandbox rollout")
     p.add_argument("--sandbox-tasks", default="", help="comma-separated bundled tasks (default: all)")
     a = p.parse_args(argv)
@@ -275,6 +280,42 @@ def summarise(runs: dict[str, list[dict]], metrics: list[str]) -> dict[str, dict
     return out
 
 
+def paired_vs(runs: dict[str, list[dict]], ref: str = "sft") -> dict[str, dict]:
+    """Per variant, the per-site change against ``ref`` (each site's value averaged over seeds first):
+    mean, spread and 95% interval over sites (``pipeline.learning.paired``)."""
+    from composer_replication.pipeline.learning import paired
+
+    def site_means(rs: list[dict], m: str) -> list[float]:
+        cols = [r["metrics"].get("per_site", {}).get(m) or [] for r in rs]
+        n = min(len(c) for c in cols)
+        return [statistics.fmean(c[i] for c in cols) for i in range(n)]
+
+    if ref not in runs:
+        return {}
+    out: dict[str, dict] = {}
+    for name, rs in runs.items():
+        if name == ref:
+            continue
+        out[name] = {}
+        for m in ("recovery_ce", "hinted_jsd", "valid_rate", "tool_match_rate"):
+            a, b = site_means(runs[ref], m), site_means(rs, m)
+            if a and len(a) == len(b):
+                out[name][m] = {k: v for k, v in paired(a, b).items() if k != "delta_std"}
+    return out
+
+
+def markdown_table(summary: dict[str, dict], metrics: list[str]) -> str:
+    """``mean ± std (n)`` per variant and metric, as a Markdown table."""
+    lines = ["| variant | " + " | ".join(metrics) + " |", "|---" * (len(metrics) + 1) + "|"]
+    for name, per in summary.items():
+        cells = [
+            f"{per[m]['mean']:.4g} ± {per[m]['std']:.2g} ({per[m]['n']})" if m in per else "—"
+            for m in metrics
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     import torch
@@ -334,8 +375,17 @@ def main(argv: list[str] | None = None) -> int:
         n_train_sites=len(error_sites(train_traces)), runs_file=str(cache_path),
         seconds=round(time.time() - t_start, 1), channels={n: rs[0].get("channels", {}) for n, rs in runs.items()},
         grpo_builder="pipeline.grpo_phase.train_grpo_on_tasks (reward: tests pass 1/0; no shaped reward yet)",
+        paired_vs_sft=paired_vs(runs),
     )  # fmt: skip
-    atomic_write_json(out, {"variants": summarise(runs, a.metrics), "config": config})
+    summary = summarise(runs, a.metrics)
+    atomic_write_json(out, {"variants": summary, "config": config})
+    print(markdown_table(summary, a.metrics))
+    for name, per in config["paired_vs_sft"].items():
+        shown = {
+            m: f"{d['delta']:+.4g} [{d['delta_ci95'][0]:+.3g}, {d['delta_ci95'][1]:+.3g}]"
+            for m, d in per.items()
+        }
+        print(f"{name} - sft (per site, n={next(iter(per.values()))['n'] if per else 0}): {shown}")
     print(f"wrote {out} in {time.time() - t_start:.0f}s")
     return 0
 

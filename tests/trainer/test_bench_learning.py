@@ -60,6 +60,10 @@ def test_every_variant_trains_and_is_measured(folders, tmp_path):
             assert s["n"] == (1 if name == "base" else 2), (name, m)
     cfg = result["config"]
     assert cfg["n_sites"] == 3 and cfg["seeds"] == 2 and cfg["n_train_sites"] >= 3
+    # the per-site change against SFT (sites averaged over seeds), with its interval
+    ce = cfg["paired_vs_sft"]["sft+sdpo_on_policy"]["recovery_ce"]
+    assert ce["n"] == 3 and ce["delta_ci95"][0] <= ce["delta"] <= ce["delta_ci95"][1]
+    assert ce["before"] == pytest.approx(variants["sft"]["recovery_ce"]["mean"])
     # training moved the model: at lr 0.01 three SFT steps change the held-out recovery CE
     assert variants["sft"]["recovery_ce"]["mean"] != variants["base"]["recovery_ce"]["mean"]
     # different seeds give different adapters
