@@ -80,20 +80,28 @@ def test_second_replay_on_the_same_out_dir_is_refused_naming_the_pid(tmp_path):
     states = tmp_path / "states.jsonl"
     states.write_text("".join(json.dumps(s) + "\n" for s in sample_states(3)))
     with FakeOpenRouter(latency_s=3.0) as srv:
+        # Each process sends its own key, so the server tells their requests apart (the first keeps calling
+        # while the second starts, however slow this machine is).
+        teachers = tmp_path / "teachers.json"
+        teachers.write_text(
+            json.dumps(srv.teachers(("t/a",), price=(1.0, 1.0), api_key_env="CR_TEST_RUN_KEY"))
+        )
         args = [sys.executable, "-m", "composer_replication.cli.main", "replay", str(states), "--out",
-                str(tmp_path / "out"), "--base-url", srv.base_url, "--teachers", "t/a=1:1", "--max-usd", "1",
+                str(tmp_path / "out"), "--config", str(teachers), "--max-usd", "1",
                 "--concurrency", "1", "--no-progress"]  # fmt: skip
-        first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "CR_TEST_RUN_KEY": "first-run"})  # fmt: skip
         try:
             deadline = time.monotonic() + 60
             while srv.n_requests == 0:  # the first one holds the directory and is mid-call
                 assert time.monotonic() < deadline and first.poll() is None, first.communicate()
                 time.sleep(0.05)
             t0 = time.monotonic()
-            second = subprocess.run(args, capture_output=True, text=True, timeout=60)
+            second = subprocess.run(args, capture_output=True, text=True, timeout=60,
+                                    env={**os.environ, "CR_TEST_RUN_KEY": "second-run"})  # fmt: skip
             assert second.returncode == 1 and time.monotonic() - t0 < 20
             assert f"in use by pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
-            assert srv.n_requests == 1  # the second sent nothing
+            assert srv.seen_auth == {"Bearer first-run"}  # the second sent nothing
         finally:
             first.kill()
             first.communicate()
