@@ -144,7 +144,9 @@ def replay_selection(ctx: RunContext) -> list[TraceState]:
     from composer_replication.ingestion.store import open_store
 
     head, refs = replay_refs(ctx)
-    return cast("list[TraceState]", list(open_store(head, ctx.path("split", "train_states.jsonl")).states(refs)))
+    return cast(
+        "list[TraceState]", list(open_store(head, ctx.path("split", "train_states.jsonl")).states(refs))
+    )
 
 
 def _replay(ctx: RunContext) -> dict[str, Any]:
