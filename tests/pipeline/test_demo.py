@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from composer_replication.datagen.tasks import bundled_tasks
 from composer_replication.pipeline.manifest import Manifest
 
 from ._chromium import chromium_available, images_loaded
@@ -25,7 +26,8 @@ def test_fast_demo_runs_every_stage_offline(tmp_path):
     assert m.stages["split"].summary["heldout_error_sites"] == 3
     assert m.stages["replay"].summary["calls"] == 12 and m.stages["replay"].summary["spent_usd"] == 0.0
     ev = json.loads((out / "eval" / "eval.json").read_text())
-    assert ev["after"]["sandbox_tasks"] == 3 and ev["before"]["n_sites"] == 3
+    # the fast demo names no grpo.tasks: every bundled task is rolled out
+    assert ev["after"]["sandbox_tasks"] == len(bundled_tasks()) and ev["before"]["n_sites"] == 3
     if chromium_available():
         loaded, total = images_loaded(out / "report" / "report.html")
         assert loaded == total >= 5
