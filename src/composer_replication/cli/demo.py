@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from composer_replication.cli.run import TAKE_OVER
+from composer_replication.cli.run import TAKE_OVER, add_force_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,15 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="tiny random models instead of SmolLM2 (a minute; for tests and a first look)",
     )
-    p.add_argument(
-        "--force",
-        action="append",
-        default=[],
-        nargs="?",
-        const=TAKE_OVER,
-        metavar="STAGE",
-        help="re-run this stage even if current; without STAGE: take over a run directory made by another config",
-    )
+    add_force_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:

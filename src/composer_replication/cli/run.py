@@ -19,12 +19,8 @@ from composer_replication.cli._types import non_negative_float
 TAKE_OVER = "<take-over>"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="run config (YAML or JSON); see docs/configuration.md and examples/")
-    p.add_argument("--out", help="run directory (overrides `run_dir` in the config)")
-    p.add_argument(
-        "--max-usd", type=non_negative_float, help="override replay.max_total_usd (the hard spend cap)"
-    )
+def add_force_argument(p: argparse.ArgumentParser) -> None:
+    """``--force [STAGE]`` (run and demo): re-run STAGE, or without STAGE take over a foreign run directory."""
     p.add_argument(
         "--force",
         action="append",
@@ -35,6 +31,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="re-run this stage even if current (repeatable); without STAGE: take over a run directory "
         "that was created by another config file",
     )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="run config (YAML or JSON); see docs/configuration.md and examples/")
+    p.add_argument("--out", help="run directory (overrides `run_dir` in the config)")
+    p.add_argument(
+        "--max-usd", type=non_negative_float, help="override replay.max_total_usd (the hard spend cap)"
+    )
+    add_force_argument(p)
     p.add_argument("--until", metavar="STAGE", help="stop after this stage")
     p.add_argument(
         "--dry-run",
