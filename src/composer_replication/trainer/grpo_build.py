@@ -147,7 +147,8 @@ def build_grpo_trainer(
         from composer_replication.safety.hf_callback import KillSwitchCallback
 
         callbacks.append(KillSwitchCallback(kill_switch))
-    s, p = cfg.loss.sdpo, cfg.loss.preference
+    # the loss section's channel arguments (label smoothing is rejected in grpo mode: no LM-CE channel here)
+    channels = {k: v for k, v in cfg.loss.compose_loss_kwargs().items() if k != "lm_ce_label_smoothing"}
     taid = make_taid(cfg)  # t follows the GRPO steps as it follows the offline ones
     trainer = ComposerReplicationTrainer(
         model=model,
@@ -157,18 +158,8 @@ def build_grpo_trainer(
         processing_class=tok,
         peft_config=peft_config,
         callbacks=callbacks,
-        alpha_sdpo=s.weight,
-        beta_replay=p.weight,
-        sdpo_jsd_beta=s.jsd_beta,
-        sdpo_temperature=s.temperature,
-        sdpo_token_clip=s.token_clip,
-        sdpo_wrapper=s.wrapper,
-        entropy_opd_h_max=s.entropy_opd_h_max,
         sdpo_taid=taid,
-        replay_dpo_beta=p.dpo_beta,
-        simpo_beta=p.simpo_beta,
-        simpo_gamma=p.simpo_gamma,
-        dpo_variant=p.variant,
+        **channels,
         composer_kl_coef=cfg.grpo.composer_kl_coef,
         max_dpo_seq_len=cfg.data.max_dpo_seq_len,
     )
