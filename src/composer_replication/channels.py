@@ -85,6 +85,29 @@ def _given_logits_mode(logits_mode: str | None) -> LogitsMode:
     return "chunked" if logits_mode in ("chunked", "fused") else "full"
 
 
+def _student_forward(
+    where: str,
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    hidden: torch.Tensor | None,
+    logits: torch.Tensor | None,
+    head: LMHead | None,
+    logits_mode: str | None,
+) -> tuple[torch.Tensor, LMHead | None, LogitsMode]:
+    """The student's ``(logits or hidden states, head, engine)``: the caller's ``hidden`` (+ ``head``,
+    fused) or ``logits``, else one forward here; ``where`` (e.g. ``"lm_ce_channel(hidden=...)"``)
+    names the argument in the error when ``hidden`` comes without ``head``."""
+    if hidden is not None:
+        if head is None:
+            raise ValueError(f"{where} needs head= (kernels.hf.lm_head_of(model))")
+        return hidden, head, "fused"
+    if logits is not None:
+        return logits, head, _given_logits_mode(logits_mode)
+    return model_forward(model, input_ids, attention_mask, logits_mode)
+
+
 def _shifted_labels(input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return input_ids[:, 1:].masked_fill(~mask[:, 1:].bool(), -100)
 
@@ -147,14 +170,10 @@ def lm_ce_channel(
     otherwise ``logits_mode`` picks the path for the forward done here.
     """
     check_ids("input_ids", input_ids, "response_mask", response_mask)
-    if hidden is not None:
-        if head is None:
-            raise ValueError("lm_ce_channel(hidden=...) needs head= (kernels.hf.lm_head_of(model))")
-        x, mode = hidden, "fused"
-    elif logits is not None:
-        x, mode = logits, _given_logits_mode(logits_mode)
-    else:
-        x, head, mode = model_forward(model, input_ids, attention_mask, logits_mode)
+    x, head, mode = _student_forward(
+        "lm_ce_channel(hidden=...)", model, input_ids, attention_mask,
+        hidden=hidden, logits=logits, head=head, logits_mode=logits_mode,
+    )  # fmt: skip
     keep = response_mask[:, 1:].bool()
     rows = x[:, :-1][keep]
     n = rows.shape[0]
@@ -241,14 +260,10 @@ def sdpo_channel(
     s_mask, t_mask = align_sdpo_positions(
         input_ids, ctx_teacher_input_ids, sdpo_loss_mask, response_mask, student_mask
     )
-    if student_hidden is not None:
-        if head is None:
-            raise ValueError("sdpo_channel(student_hidden=...) needs head= (kernels.hf.lm_head_of(model))")
-        student_x, mode = student_hidden, "fused"
-    elif student_logits is not None:
-        student_x, mode = student_logits, _given_logits_mode(logits_mode)
-    else:
-        student_x, head, mode = model_forward(model, input_ids, attention_mask, logits_mode)
+    student_x, head, mode = _student_forward(
+        "sdpo_channel(student_hidden=...)", model, input_ids, attention_mask,
+        hidden=student_hidden, logits=student_logits, head=head, logits_mode=logits_mode,
+    )  # fmt: skip
     with torch.no_grad():
         if mode == "fused":
             teacher_x = hidden_states(model, ctx_teacher_input_ids, teacher_attention_mask)

@@ -17,6 +17,7 @@ from composer_replication.diloco.serverless import (
     ServerlessExecutor,
     get_executor,
 )
+from composer_replication.diloco.serverless.executor import Launch
 
 
 def _cfg(tmp_path, rounds=1):
@@ -68,7 +69,7 @@ def test_sagemaker_jobs_against_moto(moto_endpoint, tmp_path):
         assert d["TrainingJobName"] == h.metadata["job_name"]
         assert d["StoppingCondition"]["MaxRuntimeInSeconds"] == 900
         assert ex.poll(h) in ("running", "succeeded")
-    req = ex.requests(2, DEFAULT_ENTRYPOINT, cfg)[1]
+    req = ex.requests(Launch(2, DEFAULT_ENTRYPOINT, cfg))[1]
     args = req["AlgorithmSpecification"]["ContainerArguments"]
     assert args[args.index("--rank") + 1] == "1" and json.loads(args[args.index("--config-json") + 1]) == cfg
     assert spec["TrainingImage"].endswith("cr:latest")
@@ -81,9 +82,9 @@ def test_eks_indexed_job_builds_and_validates(tmp_path):
     from kubernetes.client import ApiClient, V1Job
 
     ex = get_executor("eks", image="ghcr.io/x/cr:1", namespace="ml", job_name="diloco-run", load_config=False)
-    job, svc = ex.build(4, DEFAULT_ENTRYPOINT, _cfg(tmp_path), gpu="1", timeout=7200)
+    job, svc = ex.build(Launch(4, DEFAULT_ENTRYPOINT, _cfg(tmp_path), gpu="1", timeout=7200))
     assert isinstance(job, V1Job)
-    job_d, svc_d = ex.manifests(4, DEFAULT_ENTRYPOINT, _cfg(tmp_path), gpu="1", timeout=7200)
+    job_d, svc_d = ex.manifests(Launch(4, DEFAULT_ENTRYPOINT, _cfg(tmp_path), gpu="1", timeout=7200))
     spec = job_d["spec"]
     assert job_d["apiVersion"] == "batch/v1" and job_d["kind"] == "Job"
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 4
@@ -183,7 +184,7 @@ def test_hf_jobs_against_loopback_hub(hub, tmp_path, monkeypatch):
     ex.cancel(handles[0])
     assert ex.poll(handles[0]) == "cancelled"
     # dry-run specs name the secrets, never their values
-    assert "AKIA-SECRET-VALUE" not in json.dumps(ex.job_specs(2, DEFAULT_ENTRYPOINT, cfg))
+    assert "AKIA-SECRET-VALUE" not in json.dumps(ex.job_specs(Launch(2, DEFAULT_ENTRYPOINT, cfg)))
 
 
 def test_hf_jobs_collect_raises_on_an_errored_job(hub, tmp_path, monkeypatch):
@@ -247,7 +248,11 @@ def test_missing_sdk_names_the_extra(backend, module, kwargs, monkeypatch, tmp_p
     with pytest.raises(ImportError, match=rf"composer-replication\[{backend}\]"):
         ex = get_executor(backend, **kwargs)
         # the EKS and Modal executors import their SDK when they build something
-        (ex.build_function() if backend == "modal" else ex.build(1, DEFAULT_ENTRYPOINT, _cfg(tmp_path)))
+        (
+            ex.build_function()
+            if backend == "modal"
+            else ex.build(Launch(1, DEFAULT_ENTRYPOINT, _cfg(tmp_path)))
+        )
 
 
 def test_import_composer_replication_stays_light():

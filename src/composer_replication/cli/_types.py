@@ -22,33 +22,29 @@ def _number(kind: Callable[[str], N], text: str) -> N:
     return value
 
 
+def _at_least(kind: Callable[[str], N], text: str, low: N, *, strict: bool) -> N:
+    """``text`` parsed by ``kind``; a usage error unless it is >= ``low`` (> ``low`` when ``strict``)."""
+    value = _number(kind, text)
+    if value < low or (strict and value == low):
+        raise argparse.ArgumentTypeError(f"{value} must be {'>' if strict else '>='} {low}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1."""
-    value = _number(int, text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
+    return _at_least(int, text, 1, strict=False)
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0."""
-    value = _number(int, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+    return _at_least(int, text, 0, strict=False)
 
 
 def positive_float(text: str) -> float:
     """A finite number > 0."""
-    value = _number(float, text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
-    return value
+    return _at_least(float, text, 0.0, strict=True)
 
 
 def non_negative_float(text: str) -> float:
     """A finite number >= 0."""
-    value = _number(float, text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+    return _at_least(float, text, 0.0, strict=False)

@@ -49,6 +49,7 @@ from pathlib import Path
 from composer_replication.datagen import bwrap_limits
 from composer_replication.datagen.sandbox_base import (
     ExecResult,
+    SandboxContext,
     SandboxError,
     SandboxLimits,
     check_command,
@@ -64,7 +65,7 @@ _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "loca
 _MiB = 1024 * 1024
 
 
-class BwrapSandbox:
+class BwrapSandbox(SandboxContext):
     """One workspace, many commands, each in a fresh bubblewrap sandbox (see module docstring).
 
     Args:
@@ -155,13 +156,6 @@ class BwrapSandbox:
         elif self.workspace is not None and self._given_workspace is None:
             shutil.rmtree(self.workspace, ignore_errors=True)
         self.workspace = None
-
-    def __enter__(self) -> BwrapSandbox:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # ----------------------------------------------------------------- command line
     def command_argv(self, cmd: str, seccomp_fd: int | None = None) -> list[str]:

@@ -44,6 +44,7 @@ from composer_replication.datagen.docker_image import SANDBOX_IMAGE
 from composer_replication.datagen.sandbox_base import (  # re-exported: the §16 module is the protocol's home
     ExecResult,
     Sandbox,
+    SandboxContext,
     SandboxError,
     SandboxLimits,
     check_command,
@@ -117,7 +118,7 @@ def _daemon_has_seccomp(executable: str) -> bool:
         return False
 
 
-class DockerSandbox:
+class DockerSandbox(SandboxContext):
     """A container with a tmpfs workspace (see module docstring).
 
     Args:
@@ -227,13 +228,6 @@ class DockerSandbox:
         if self.container_id is not None:
             subprocess.run(self.stop_argv(), capture_output=True, timeout=60)
             self.container_id = None
-
-    def __enter__(self) -> DockerSandbox:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # ----------------------------------------------------------------- exec and files
     def _run(

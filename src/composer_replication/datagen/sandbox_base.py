@@ -6,15 +6,17 @@ helpers the backends share. `datagen.sandbox` re-exports all of it next to the o
 from __future__ import annotations
 
 import signal
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from composer_replication.datagen.policy import check_command
 
 __all__ = [
     "ExecResult",
     "Sandbox",
+    "SandboxContext",
     "SandboxError",
     "SandboxLimits",
     "SandboxType",
@@ -103,6 +105,23 @@ class Sandbox(Protocol):
     def __enter__(self) -> Sandbox: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+class SandboxContext(ABC):
+    """What every backend shares: ``with sandbox:`` starts it and stops it on the way out."""
+
+    @abstractmethod
+    def start(self) -> None: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def limit_violations(output: str, returncode: int) -> list[str]:

@@ -28,6 +28,7 @@ from composer_replication.ingestion._session import (
     estimate_tokens,
 )
 from composer_replication.ingestion.redact import Redactor
+from composer_replication.wire import SYSTEM_PROMPT
 
 MAX_INPUT_DEPTH = 100
 _RECORD_ERRORS = (TypeError, AttributeError, ValueError, KeyError, RecursionError)
@@ -43,21 +44,21 @@ class AssemblyInputs:
 
 
 class SessionIngester:
-    """Base of ``ClaudeCodeIngester`` and ``CodexIngester`` (each keeps its own public ``__init__``)."""
+    """Base of ``ClaudeCodeIngester`` and ``CodexIngester``: their one ``__init__`` (API reference §8)."""
 
     source: str = ""
 
-    def _setup(
+    def __init__(
         self,
         *,
-        system_prompt: str,
-        skip_sidechain: bool,
-        strip_thinking: bool,
-        max_history_tokens: int | None,
-        token_counter: Callable[[str], int] | None,
-        redact: bool,
-        redactor: Redactor | None,
-        example_max_tokens: int,
+        system_prompt: str = SYSTEM_PROMPT,
+        skip_sidechain: bool = True,
+        strip_thinking: bool = True,
+        max_history_tokens: int | None = None,
+        token_counter: Callable[[str], int] | None = None,
+        redact: bool = True,
+        redactor: Redactor | None = None,
+        example_max_tokens: int = 8192,
     ) -> None:
         self.opts = BuildOptions(
             system_prompt=system_prompt,

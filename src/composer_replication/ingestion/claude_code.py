@@ -17,7 +17,6 @@ record into one compact item, locally (docs/ingestion.md has the table of record
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from composer_replication.ingestion._claude_assemble import is_subagent_path
 from composer_replication.ingestion._reader import check_version, text_of
 from composer_replication.ingestion._session import Conversation, IngestionStats
 from composer_replication.ingestion.errors import classify_error, detect_failure
-from composer_replication.ingestion.redact import Redactor
 from composer_replication.wire import SYSTEM_PROMPT
 
 __all__ = ["SYSTEM_PROMPT", "ClaudeCodeIngester", "IngestionStats", "is_subagent_path"]
@@ -52,29 +50,6 @@ class ClaudeCodeIngester(SessionIngester):
     """Convert a Claude Code session JSONL into ``TraceState``s, one per assistant turn."""
 
     source = "claude_code"
-
-    def __init__(
-        self,
-        *,
-        system_prompt: str = SYSTEM_PROMPT,
-        skip_sidechain: bool = True,
-        strip_thinking: bool = True,
-        max_history_tokens: int | None = None,
-        token_counter: Callable[[str], int] | None = None,
-        redact: bool = True,
-        redactor: Redactor | None = None,
-        example_max_tokens: int = 8192,
-    ) -> None:
-        self._setup(
-            system_prompt=system_prompt,
-            skip_sidechain=skip_sidechain,
-            strip_thinking=strip_thinking,
-            max_history_tokens=max_history_tokens,
-            token_counter=token_counter,
-            redact=redact,
-            redactor=redactor,
-            example_max_tokens=example_max_tokens,
-        )
 
     # -- phase 1: one record -> one item ----------------------------------------------------------------
 

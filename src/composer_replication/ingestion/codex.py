@@ -15,7 +15,6 @@ tool outputs). Codex never flags tool errors: failures are read from the exit co
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,6 @@ from composer_replication.ingestion._session import (
     tool_error_meta,
 )
 from composer_replication.ingestion.errors import classify_error, detect_failure
-from composer_replication.ingestion.redact import Redactor
-from composer_replication.wire import SYSTEM_PROMPT
 
 __all__ = ["CodexIngester"]
 
@@ -54,29 +51,6 @@ class CodexIngester(SessionIngester):
     """Convert a Codex CLI rollout into ``TraceState``s (one per model response) and ``TraceExample``s."""
 
     source = "codex"
-
-    def __init__(
-        self,
-        *,
-        system_prompt: str = SYSTEM_PROMPT,
-        strip_thinking: bool = True,
-        max_history_tokens: int | None = None,
-        token_counter: Callable[[str], int] | None = None,
-        redact: bool = True,
-        redactor: Redactor | None = None,
-        example_max_tokens: int = 8192,
-        skip_sidechain: bool = True,
-    ) -> None:
-        self._setup(
-            system_prompt=system_prompt,
-            skip_sidechain=skip_sidechain,
-            strip_thinking=strip_thinking,
-            max_history_tokens=max_history_tokens,
-            token_counter=token_counter,
-            redact=redact,
-            redactor=redactor,
-            example_max_tokens=example_max_tokens,
-        )
 
     # -- phase 1: one line -> one item ------------------------------------------------------------------
 

@@ -85,6 +85,24 @@ def _chunk_inputs(n_row, tensors, idx, needs):
     return out
 
 
+def _accumulate(
+    grads: list[Any], needs: Sequence[bool], n_row: int, idx: torch.Tensor, chunk_grads: Sequence[Any]
+) -> None:
+    """Add one chunk's gradients (one per tensor that needs one, None where unused) into ``grads``:
+    the first ``n_row`` tensors' at the chunk's rows ``idx``, the others' (whole tensors) by ``+=``."""
+    gs = iter(chunk_grads)
+    for i, nd in enumerate(needs):
+        if not nd:
+            continue
+        g = next(gs)
+        if g is None:
+            continue
+        if i < n_row:
+            _add_rows(grads[i], idx, g)
+        else:
+            grads[i] += g
+
+
 class _ChunkedRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, row_fn, valid_idx, weights, chunk, n_row, *tensors):
@@ -135,17 +153,7 @@ class _ChunkedRows(torch.autograd.Function):
             total += val.detach()
             if want_grad:
                 wrt = [x for x, nd in zip(xs, needs) if nd]
-                gs = iter(torch.autograd.grad(val, wrt, allow_unused=True))
-                for i, nd in enumerate(needs):
-                    if not nd:
-                        continue
-                    g = next(gs)
-                    if g is None:
-                        continue
-                    if i < n_row:
-                        _add_rows(grads[i], idx, g)
-                    else:
-                        grads[i] += g
+                _accumulate(grads, needs, n_row, idx, torch.autograd.grad(val, wrt, allow_unused=True))
         ctx.grads = grads
         ctx.dtypes = [None if x is None else x.dtype for x in tensors]
         return total
@@ -176,21 +184,10 @@ class _ChunkedRows(torch.autograd.Function):
             with torch.enable_grad():
                 val = ctx.row_fn(*xs)
             wrt = [x for x, nd in zip(xs, needs) if nd]
-            gs = iter(
-                torch.autograd.grad(
-                    val, wrt, grad_outputs=grad_out[a : a + chunk].to(val.dtype), allow_unused=True
-                )
+            g_out = grad_out[a : a + chunk].to(val.dtype)
+            _accumulate(
+                grads, needs, n_row, idx, torch.autograd.grad(val, wrt, grad_outputs=g_out, allow_unused=True)
             )
-            for i, nd in enumerate(needs):
-                if not nd:
-                    continue
-                g = next(gs)
-                if g is None:
-                    continue
-                if i < n_row:
-                    _add_rows(grads[i], idx, g)
-                else:
-                    grads[i] += g
         res = [None if g is None else g.to(x.dtype) for g, x in zip(grads, tensors)]
         return (*head, *res)
 

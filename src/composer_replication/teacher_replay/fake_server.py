@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from composer_replication._extras import require
+
 
 @dataclass
 class Reply:
@@ -224,12 +226,9 @@ def _err(
 
 
 def _aiohttp_web() -> Any:
-    try:
-        from aiohttp import web
-    except ImportError as e:  # pragma: no cover - aiohttp comes with the replay extra
-        raise ImportError(
-            "the loopback OpenRouter server needs aiohttp: pip install 'composer-replication[replay]'"
-        ) from e
+    require("replay", "aiohttp", purpose="the loopback OpenRouter server")
+    from aiohttp import web
+
     return web
 
 

@@ -25,17 +25,16 @@ Job-wide ``backoffLimit``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
 from typing import Any
 
 from composer_replication._extras import require
 from composer_replication.diloco.serverless.executor import (
+    ExecutorBase,
+    Launch,
     ReplicaHandle,
     ReplicaResult,
-    entrypoint_name,
     finish,
-    last_json,
-    replica_command,
+    results_from_logs,
     wait_for_states,
 )
 
@@ -75,7 +74,7 @@ def _pod_reason(pod: Any) -> str:
     return ": ".join(bits)
 
 
-class EKSExecutor:
+class EKSExecutor(ExecutorBase):
     """Replicas as the indices of one Kubernetes Indexed Job."""
 
     backend_name = "eks"
@@ -104,20 +103,12 @@ class EKSExecutor:
         self._seen: dict[int, tuple[str, float]] = {}  # index -> (last pod name, when last seen)
         self._reasons: dict[int, str] = {}
 
-    def build(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> tuple[Any, Any]:
+    def build(self, launch: Launch) -> tuple[Any, Any]:
         """The ``V1Job`` and its headless ``V1Service`` (``describe`` prints them as YAML)."""
         c = _k8s()
         labels = {"app.kubernetes.io/name": "composer-replication", "composer-replication/run": self.job_name}
-        limits = {self.gpu_resource: str(int(gpu))} if gpu else None
-        cmd = replica_command(entrypoint_name(entrypoint), entrypoint_args, n_replicas)  # rank from the index
+        limits = {self.gpu_resource: str(int(launch.gpu))} if launch.gpu else None
+        cmd, n_replicas = launch.command(), launch.n_replicas  # each pod's rank comes from its index
         container = c.V1Container(
             name="replica",
             image=self.image,
@@ -146,7 +137,7 @@ class EKSExecutor:
                 pod_failure_policy=c.V1PodFailurePolicy(
                     rules=[c.V1PodFailurePolicyRule(action="FailIndex", on_pod_conditions=[cancelled])]
                 ),
-                active_deadline_seconds=int(timeout),
+                active_deadline_seconds=int(launch.timeout),
                 ttl_seconds_after_finished=3600,
                 template=c.V1PodTemplateSpec(
                     metadata=c.V1ObjectMeta(labels=labels),
@@ -162,26 +153,17 @@ class EKSExecutor:
         )
         return job, service
 
-    def manifests(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    def manifests(self, launch: Launch) -> list[dict[str, Any]]:
         """The Job and Service as plain dicts, ready for ``kubectl apply -f``."""
         from kubernetes.client import ApiClient
 
-        return [ApiClient().sanitize_for_serialization(o) for o in self.build(*args, **kwargs)]
+        return [ApiClient().sanitize_for_serialization(o) for o in self.build(launch)]
 
-    def describe(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> str:
+    def _describe(self, launch: Launch) -> str:
         """The Job and Service manifests as YAML documents."""
         import yaml
 
-        docs = self.manifests(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout)
-        return yaml.safe_dump_all(docs, sort_keys=False)
+        return yaml.safe_dump_all(self.manifests(launch), sort_keys=False)
 
     def _apis(self) -> tuple[Any, Any]:
         c = _k8s()
@@ -195,24 +177,13 @@ class EKSExecutor:
             self._load_config = False
         return c.BatchV1Api(self.api_client), c.CoreV1Api(self.api_client)
 
-    def launch_replicas(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> list[ReplicaHandle]:
-        job, service = self.build(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout)
+    def _launch(self, launch: Launch) -> list[ReplicaHandle]:
+        job, service = self.build(launch)
         batch, core = self._apis()
         core.create_namespaced_service(self.namespace, service)
         batch.create_namespaced_job(self.namespace, job)
         meta = {"job": self.job_name, "namespace": self.namespace}
-        return [
-            ReplicaHandle(rank=i, backend_name=self.backend_name, metadata=dict(meta))
-            for i in range(n_replicas)
-        ]
+        return self._handles(dict(meta) for _ in range(launch.n_replicas))
 
     def _snapshot(self) -> tuple[Any, dict[int, Any]]:
         """The Job (None if it no longer exists) and the newest pod of each index."""
@@ -342,14 +313,5 @@ class EKSExecutor:
             interval=self.poll_interval_s,
             what=f"Job {self.namespace}/{self.job_name}",
         )
-        out = []
-        for h in handles:
-            logs = self.stream_logs(h, n_lines=50)
-            state = states[h.rank]
-            error = (
-                None
-                if state == "succeeded"
-                else "\n".join(filter(None, [self._reasons.get(h.rank), logs[-2000:]]))
-            )
-            out.append(ReplicaResult(rank=h.rank, state=state, value=last_json(logs), error=error))
-        return finish(out, raise_on_failure=raise_on_failure)
+        results = results_from_logs(handles, states, self.stream_logs, reasons=self._reasons)
+        return finish(results, raise_on_failure=raise_on_failure)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +25,8 @@ __all__ = [
     "ReplicaResult",
     "ServerlessExecutor",
     "ReplicaFailedError",
+    "Launch",
+    "ExecutorBase",
     "DEFAULT_ENTRYPOINT",
     "REPLICA_MODULE",
     "TERMINAL_STATES",
@@ -32,6 +35,7 @@ __all__ = [
     "replica_command",
     "last_json",
     "wait_for_states",
+    "results_from_logs",
     "finish",
 ]
 
@@ -213,3 +217,84 @@ def finish(results: list[ReplicaResult], *, raise_on_failure: bool) -> list[Repl
     if raise_on_failure and any(r.state != "succeeded" for r in results):
         raise ReplicaFailedError(results)
     return results
+
+
+def results_from_logs(
+    handles: Sequence[ReplicaHandle],
+    states: Mapping[int, str],
+    stream_logs: Callable[..., str],
+    *,
+    reasons: Mapping[int, str] | None = None,
+) -> list[ReplicaResult]:
+    """Each replica's result read from its last 50 log lines: the value is its last JSON line (the
+    ``done`` record); a replica that did not succeed gets its ``reasons`` entry and the log's tail."""
+    out = []
+    for h in handles:
+        logs, state = stream_logs(h, n_lines=50), states[h.rank]
+        why = (reasons or {}).get(h.rank)
+        error = None if state == "succeeded" else "\n".join(filter(None, [why, logs[-2000:]]))
+        out.append(ReplicaResult(rank=h.rank, state=state, value=last_json(logs), error=error))
+    return out
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The arguments of one ``launch_replicas``/``describe`` call, the entrypoint as ``module:function``."""
+
+    n_replicas: int
+    entrypoint: str
+    entrypoint_args: Mapping[str, Any]
+    gpu: str | None = None
+    timeout: int = 3600
+
+    def __post_init__(self) -> None:
+        entrypoint_name(self.entrypoint)  # a ValueError unless it looks like 'package.module:function'
+
+    def command(self, *, rank: int | None = None, setup: str | None = None) -> list[str]:
+        """:func:`replica_command` of this launch (without ``rank`` the replica reads it from the environment)."""
+        return replica_command(self.entrypoint, self.entrypoint_args, self.n_replicas, rank=rank, setup=setup)
+
+
+class ExecutorBase(ABC):
+    """The protocol's ``describe`` and ``launch_replicas``, written once for every backend.
+
+    Both turn their arguments into one :class:`Launch`; a backend implements ``_describe(launch)``
+    (the text ``--dry-run`` prints) and ``_launch(launch)`` (start the replicas, return their handles).
+    """
+
+    backend_name: str
+    supports_inter_replica_network: bool
+
+    def describe(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> str:
+        """What ``launch_replicas`` with these arguments would start, as text; starts nothing."""
+        return self._describe(Launch(n_replicas, entrypoint_name(entrypoint), entrypoint_args, gpu, timeout))
+
+    def launch_replicas(
+        self,
+        n_replicas: int,
+        entrypoint: str | Callable[..., Any],
+        entrypoint_args: Mapping[str, Any],
+        *,
+        gpu: str | None = None,
+        timeout: int = 3600,
+    ) -> list[ReplicaHandle]:
+        """Start ``n_replicas`` replicas of ``entrypoint``; one handle each, in rank order."""
+        return self._launch(Launch(n_replicas, entrypoint_name(entrypoint), entrypoint_args, gpu, timeout))
+
+    @abstractmethod
+    def _describe(self, launch: Launch) -> str: ...
+
+    @abstractmethod
+    def _launch(self, launch: Launch) -> list[ReplicaHandle]: ...
+
+    def _handles(self, metadata: Iterable[dict[str, Any]]) -> list[ReplicaHandle]:
+        """One handle per replica, rank = position, from each replica's backend metadata."""
+        return [ReplicaHandle(rank, self.backend_name, meta) for rank, meta in enumerate(metadata)]

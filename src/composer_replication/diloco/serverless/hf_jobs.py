@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from composer_replication._extras import require
 from composer_replication.diloco.serverless.executor import (
+    ExecutorBase,
+    Launch,
     ReplicaHandle,
     ReplicaResult,
-    entrypoint_name,
     finish,
-    last_json,
-    replica_command,
+    results_from_logs,
     wait_for_states,
 )
 
@@ -47,7 +47,7 @@ def _hub() -> Any:
     return huggingface_hub
 
 
-class HFJobsExecutor:
+class HFJobsExecutor(ExecutorBase):
     """Replicas as Hugging Face Jobs."""
 
     backend_name = "hf_jobs"
@@ -69,71 +69,34 @@ class HFJobsExecutor:
         self.secret_env = tuple(secret_env)
         self._api = api if api is not None else _hub().HfApi(endpoint=endpoint, token=token)
 
-    def job_specs(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> list[dict[str, Any]]:
+    def job_specs(self, launch: Launch) -> list[dict[str, Any]]:
         """The ``run_job`` keyword arguments of every replica (what ``--dry-run`` prints, secrets by name)."""
-        name = entrypoint_name(entrypoint)
+        n = launch.n_replicas
         return [
             {
                 "image": self.image,
-                "command": replica_command(name, entrypoint_args, n_replicas, rank=rank, setup=self.setup),
-                "env": {"REPLICA_RANK": str(rank), "WORLD_SIZE": str(n_replicas), "PYTHONUNBUFFERED": "1"},
+                "command": launch.command(rank=rank, setup=self.setup),
+                "env": {"REPLICA_RANK": str(rank), "WORLD_SIZE": str(n), "PYTHONUNBUFFERED": "1"},
                 "secrets": sorted(k for k in self.secret_env if os.environ.get(k)),
-                "flavor": gpu or "cpu-basic",
-                "timeout": timeout,
+                "flavor": launch.gpu or "cpu-basic",
+                "timeout": launch.timeout,
                 "labels": {"composer-replication": self.run_name, "replica-rank": str(rank)},
                 "namespace": self.namespace,
             }
-            for rank in range(n_replicas)
+            for rank in range(n)
         ]
 
-    def describe(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> str:
+    def _describe(self, launch: Launch) -> str:
         """The ``run_job`` arguments of every replica as JSON (secrets by name, never their values)."""
-        specs = self.job_specs(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout)
-        return json.dumps(specs, indent=2)
+        return json.dumps(self.job_specs(launch), indent=2)
 
-    def launch_replicas(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> list[ReplicaHandle]:
-        handles = []
-        for rank, spec in enumerate(
-            self.job_specs(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout)
-        ):
+    def _launch(self, launch: Launch) -> list[ReplicaHandle]:
+        metadata = []
+        for spec in self.job_specs(launch):
             spec = {**spec, "secrets": {k: os.environ[k] for k in spec["secrets"]} or None}
             job = self._api.run_job(**spec)
-            handles.append(
-                ReplicaHandle(
-                    rank=rank,
-                    backend_name=self.backend_name,
-                    metadata={
-                        "job_id": job.id,
-                        "namespace": self.namespace,
-                        "url": getattr(job, "url", None),
-                    },
-                )
-            )
-        return handles
+            metadata.append({"job_id": job.id, "namespace": self.namespace, "url": getattr(job, "url", None)})
+        return self._handles(metadata)
 
     def poll(self, handle: ReplicaHandle) -> str:
         info = self._api.inspect_job(job_id=handle.metadata["job_id"], namespace=self.namespace)
@@ -155,9 +118,4 @@ class HFJobsExecutor:
         states = wait_for_states(
             lambda: {h.rank: self.poll(h) for h in handles}, timeout=timeout, interval=5, what="HF Jobs"
         )
-        out = []
-        for h in handles:
-            logs = self.stream_logs(h, n_lines=50)
-            ok = states[h.rank] == "succeeded"
-            out.append(ReplicaResult(h.rank, states[h.rank], last_json(logs), None if ok else logs[-2000:]))
-        return finish(out, raise_on_failure=raise_on_failure)
+        return finish(results_from_logs(handles, states, self.stream_logs), raise_on_failure=raise_on_failure)

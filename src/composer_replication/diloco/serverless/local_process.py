@@ -22,6 +22,8 @@ from typing import Any
 from composer_replication.diloco.serverless.executor import (
     REPLICA_MODULE,
     TERMINAL_STATES,
+    ExecutorBase,
+    Launch,
     ReplicaHandle,
     ReplicaResult,
     entrypoint_name,
@@ -44,7 +46,7 @@ def _tail(path: str | os.PathLike[str], n_lines: int) -> str:
     return "\n".join(lines[-n_lines:])
 
 
-class LocalProcessExecutor:
+class LocalProcessExecutor(ExecutorBase):
     """Real OS processes on this machine."""
 
     backend_name = "local_process"
@@ -71,39 +73,22 @@ class LocalProcessExecutor:
             "--result-file", str(self.run_dir / f"replica-{rank}.result.json"),
         ]  # fmt: skip
 
-    def describe(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> str:
+    def _describe(self, launch: Launch) -> str:
         """The config and the command of every replica, as JSON."""
-        name, config_path = entrypoint_name(entrypoint), self.run_dir / "replica-config.json"
-        commands = [self.command(r, n_replicas, name, config_path) for r in range(n_replicas)]
-        return json.dumps({"config": dict(entrypoint_args), "commands": commands}, indent=2)
+        n, config_path = launch.n_replicas, self.run_dir / "replica-config.json"
+        commands = [self.command(r, n, launch.entrypoint, config_path) for r in range(n)]
+        return json.dumps({"config": dict(launch.entrypoint_args), "commands": commands}, indent=2)
 
-    def launch_replicas(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> list[ReplicaHandle]:
-        if n_replicas < 1:
-            raise ValueError(f"n_replicas={n_replicas} must be >= 1")
-        if gpu:
+    def _launch(self, launch: Launch) -> list[ReplicaHandle]:
+        n = launch.n_replicas
+        if n < 1:
+            raise ValueError(f"n_replicas={n} must be >= 1")
+        if launch.gpu:
             raise ValueError(
                 "the local backend runs on this machine's CPU; drop --gpu or pick a cloud backend"
             )
-        return [
-            self.launch_one(rank, n_replicas, entrypoint, entrypoint_args, timeout=timeout)
-            for rank in range(n_replicas)
-        ]
+        args = launch.entrypoint_args
+        return [self.launch_one(r, n, launch.entrypoint, args, timeout=launch.timeout) for r in range(n)]
 
     def launch_one(
         self,

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from composer_replication._extras import require
 from composer_replication.diloco.serverless.executor import (
+    ExecutorBase,
+    Launch,
     ReplicaHandle,
     ReplicaResult,
-    entrypoint_name,
     finish,
     resolve_entrypoint,
 )
@@ -43,7 +44,7 @@ def modal_replica(entrypoint: str, config: dict[str, Any], rank: int, world_size
     return resolve_entrypoint(entrypoint)(config, rank=rank, world_size=world_size)
 
 
-class ModalExecutor:
+class ModalExecutor(ExecutorBase):
     """Replicas as calls of one Modal function in a detached app."""
 
     backend_name = "modal"
@@ -76,23 +77,15 @@ class ModalExecutor:
             "retries": 0,  # a retried replica would rejoin from the store anyway; keep billing explicit
         }
 
-    def describe(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> str:
+    def _describe(self, launch: Launch) -> str:
         """The app, the function's options and the ``spawn`` calls, as JSON (secrets by name)."""
-        name = entrypoint_name(entrypoint)
+        n = launch.n_replicas
         return json.dumps(
             {
                 "app": self.app_name,
-                "function": self.function_options(gpu=gpu, timeout=timeout),
-                "spawn": [[name, "<config>", r, n_replicas] for r in range(n_replicas)],
-                "config": dict(entrypoint_args),
+                "function": self.function_options(gpu=launch.gpu, timeout=launch.timeout),
+                "spawn": [[launch.entrypoint, "<config>", r, n] for r in range(n)],
+                "config": dict(launch.entrypoint_args),
             },
             indent=2,
         )
@@ -115,27 +108,14 @@ class ModalExecutor:
             serialized=True,
         )(modal_replica)
 
-    def launch_replicas(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> list[ReplicaHandle]:
-        fn = self.build_function(gpu=gpu, timeout=timeout)
+    def _launch(self, launch: Launch) -> list[ReplicaHandle]:
+        fn = self.build_function(gpu=launch.gpu, timeout=launch.timeout)
         # detach: the spawned calls outlive this client (the launcher may exit or lose its connection)
         self._app_ctx = self.app.run(detach=True)
         self._app_ctx.__enter__()
-        name, config = entrypoint_name(entrypoint), json.loads(json.dumps(dict(entrypoint_args)))
-        handles = []
-        for rank in range(n_replicas):
-            call = fn.spawn(name, config, rank, n_replicas)
-            handles.append(
-                ReplicaHandle(rank=rank, backend_name=self.backend_name, metadata={"call_id": call.object_id})
-            )
-        return handles
+        config = json.loads(json.dumps(dict(launch.entrypoint_args)))
+        calls = [fn.spawn(launch.entrypoint, config, r, launch.n_replicas) for r in range(launch.n_replicas)]
+        return self._handles({"call_id": call.object_id} for call in calls)
 
     def _call(self, handle: ReplicaHandle) -> Any:
         return _modal().FunctionCall.from_id(handle.metadata["call_id"])

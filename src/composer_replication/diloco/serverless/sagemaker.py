@@ -16,17 +16,16 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
 from typing import Any
 
 from composer_replication._extras import require
 from composer_replication.diloco.serverless.executor import (
+    ExecutorBase,
+    Launch,
     ReplicaHandle,
     ReplicaResult,
-    entrypoint_name,
     finish,
     last_json,
-    replica_command,
     wait_for_states,
 )
 
@@ -42,7 +41,7 @@ _STATUS = {
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
-class SageMakerExecutor:
+class SageMakerExecutor(ExecutorBase):
     """Replicas as SageMaker training jobs."""
 
     backend_name = "sagemaker"
@@ -74,20 +73,12 @@ class SageMakerExecutor:
             logs_client = logs_client or boto3.client("logs", region_name=region, endpoint_url=endpoint_url)
         self.client, self.logs = client, logs_client
 
-    def requests(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> list[dict[str, Any]]:
+    def requests(self, launch: Launch) -> list[dict[str, Any]]:
         """The ``create_training_job`` requests (what ``--dry-run`` prints). ``gpu`` is an instance type."""
-        name, stamp = entrypoint_name(entrypoint), time.strftime("%Y%m%d-%H%M%S")
+        stamp, n_replicas = time.strftime("%Y%m%d-%H%M%S"), launch.n_replicas
         out = []
         for rank in range(n_replicas):
-            cmd = replica_command(name, entrypoint_args, n_replicas, rank=rank)
+            cmd = launch.command(rank=rank)
             out.append(
                 {
                     "TrainingJobName": f"{self.job_prefix}-{stamp}-r{rank}"[:63],
@@ -100,53 +91,27 @@ class SageMakerExecutor:
                     "RoleArn": self.role_arn,
                     "OutputDataConfig": {"S3OutputPath": self.output_s3_uri},
                     "ResourceConfig": {
-                        "InstanceType": gpu or self.instance_type,
+                        "InstanceType": launch.gpu or self.instance_type,
                         "InstanceCount": 1,
                         "VolumeSizeInGB": self.volume_size_gb,
                     },
-                    "StoppingCondition": {"MaxRuntimeInSeconds": int(timeout)},
+                    "StoppingCondition": {"MaxRuntimeInSeconds": int(launch.timeout)},
                     "Environment": {"REPLICA_RANK": str(rank), "WORLD_SIZE": str(n_replicas)},
                     "Tags": [{"Key": "composer-replication", "Value": self.job_prefix}],
                 }
             )
         return out
 
-    def describe(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> str:
+    def _describe(self, launch: Launch) -> str:
         """The ``create_training_job`` request of every replica, as JSON."""
-        return json.dumps(
-            self.requests(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout), indent=2
-        )
+        return json.dumps(self.requests(launch), indent=2)
 
-    def launch_replicas(
-        self,
-        n_replicas: int,
-        entrypoint: str | Callable[..., Any],
-        entrypoint_args: Mapping[str, Any],
-        *,
-        gpu: str | None = None,
-        timeout: int = 3600,
-    ) -> list[ReplicaHandle]:
-        handles = []
-        for rank, req in enumerate(
-            self.requests(n_replicas, entrypoint, entrypoint_args, gpu=gpu, timeout=timeout)
-        ):
+    def _launch(self, launch: Launch) -> list[ReplicaHandle]:
+        metadata = []
+        for req in self.requests(launch):
             resp = self.client.create_training_job(**req)
-            handles.append(
-                ReplicaHandle(
-                    rank=rank,
-                    backend_name=self.backend_name,
-                    metadata={"job_name": req["TrainingJobName"], "arn": resp["TrainingJobArn"]},
-                )
-            )
-        return handles
+            metadata.append({"job_name": req["TrainingJobName"], "arn": resp["TrainingJobArn"]})
+        return self._handles(metadata)
 
     def describe_job(self, handle: ReplicaHandle) -> dict[str, Any]:
         """SageMaker's ``describe_training_job`` of one replica."""

@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from composer_replication._extras import require
 from composer_replication.config.base import check_base_url
 
 from ..keys import KeyScrubber
@@ -34,12 +35,9 @@ RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 
 
 
 def _import_httpx():
-    try:
-        import httpx
-    except ImportError as exc:  # pragma: no cover - httpx ships with the replay extra
-        raise ImportError(
-            "teacher replay over HTTP needs httpx: pip install 'composer-replication[replay]'"
-        ) from exc
+    require("replay", "httpx", purpose="teacher replay over HTTP")
+    import httpx
+
     return httpx
 
 
