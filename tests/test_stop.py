@@ -58,3 +58,28 @@ def test_the_hf_callback_takes_any_stop():
     control = cb.on_step_end(None, TrainerState(global_step=4), TrainerControl())
     assert control.should_save and control.should_training_stop
     assert (cb.reason, cb.checkpoint_step) == ("budget gone", 4)
+
+
+def test_any_stop_combines_stop_and_kill_switch(tmp_path):
+    from composer_replication.safety import any_stop
+
+    assert any_stop() is NEVER and any_stop(None, None) is NEVER
+    with KillSwitch(handle_signals=False, stop_file=tmp_path / "STOP", max_spend_usd=1.0) as switch:
+        assert any_stop(None, switch) is switch  # one given: that one, as as_stop makes it
+        polls = []
+
+        def plain() -> str | None:
+            polls.append(1)
+            return None
+
+        both = any_stop(plain, switch)
+        assert isinstance(both, Stop) and both() is None and len(polls) == 1
+        assert both.observe(spend_usd=2.0).startswith("spend cap")  # fed to every stop, the switch fires
+        assert len(polls) == 2 and both() == switch.reason
+
+
+def test_observing_a_kill_switch_also_polls_it(tmp_path):
+    with KillSwitch(handle_signals=False, stop_file=tmp_path / "STOP") as switch:
+        assert switch.observe(loss=1.0) is None
+        (tmp_path / "STOP").touch()
+        assert "stop file" in switch.observe(loss=1.0)

@@ -80,3 +80,30 @@ def test_teacher_config_file(tmp_path):
     cfg.write_text("- {input_per_mtok: 1}\n")
     with pytest.raises(ValueError, match="list of teacher specs"):
         load_teachers(args)
+
+
+def test_teacher_file_is_read_by_the_one_config_reader(tmp_path):
+    from composer_replication.cli.replay import read_teacher_file
+    from composer_replication.config import ConfigError
+
+    toml = tmp_path / "teachers.toml"
+    toml.write_text('[[teachers]]\nslug = "t/a"\ninput_per_mtok = 1.0\noutput_per_mtok = 2.0\n')
+    assert read_teacher_file(toml) == [{"slug": "t/a", "input_per_mtok": 1.0, "output_per_mtok": 2.0}]
+    js = tmp_path / "teachers.json"
+    js.write_text('[{"slug": "t/b", "input_per_mtok": 0, "output_per_mtok": 0}]')
+    assert [t["slug"] for t in read_teacher_file(js)] == ["t/b"]
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("teachers:\n  - {slug: t/a, input_per_mtok: 1, output_per_mtok: 1\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: not valid YAML: .*line 3"):
+        read_teacher_file(bad)
+    bad.write_text("teachers:\n  - {slug: t/a, input_per_mtok: 1, output_per_mtok: 1, base_ulr: x}\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: teachers\.0\.base_ulr: unknown key"):
+        read_teacher_file(bad)
+    bad.write_text("teacher:\n  - {slug: t/a}\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: teacher: unknown key"):
+        read_teacher_file(bad)
+    ini = tmp_path / "teachers.ini"
+    ini.write_text("x")
+    with pytest.raises(ConfigError, match="unknown config format '.ini'"):
+        read_teacher_file(ini)

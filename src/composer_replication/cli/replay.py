@@ -83,22 +83,43 @@ def _parse_teacher(arg: str) -> dict[str, Any]:
     raise ValueError(f"--teachers {slug!r}: unknown price; give it as {slug}=IN:OUT (USD per million tokens)")
 
 
+def read_teacher_file(path: Path) -> list[dict[str, Any]]:
+    """The teacher specs of ``--config``: a list of ``TeacherSpec`` mappings, or ``{teachers: [...]}``,
+    in YAML, TOML or JSON (read by the one config reader); ``ConfigError`` naming the file and the field.
+    Prices and URLs are checked where every teacher list is (``teacher_replay.plan``)."""
+    from composer_replication.config.base import ConfigError, read_config_data
+    from composer_replication.teacher_replay.types import TeacherSpec
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such teacher config")
+    data = read_config_data(path)
+    shape = "expected a list of teacher specs (mappings with slug, input_per_mtok, output_per_mtok)"
+    if isinstance(data, dict):
+        for key in sorted(set(data) - {"teachers"}):
+            raise ConfigError(
+                f"{path}: {key}: unknown key; a teacher file is a list of teacher specs or {{teachers: [...]}}"
+            )
+        data = data.get("teachers")
+    if not isinstance(data, list) or not data:
+        raise ConfigError(f"{path}: teachers: {shape}, or {{teachers: [...]}}")
+    known = TeacherSpec.__required_keys__ | TeacherSpec.__optional_keys__
+    for i, spec in enumerate(data):
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{path}: teachers.{i}: {shape}; got {type(spec).__name__}")
+        for key in sorted(TeacherSpec.__required_keys__ - set(spec)):
+            raise ConfigError(f"{path}: teachers.{i}.{key}: missing ({shape})")
+        for key in sorted(set(spec) - known):
+            raise ConfigError(
+                f"{path}: teachers.{i}.{key}: unknown key; a teacher spec has {', '.join(sorted(known))}"
+            )
+    return [dict(t) for t in data]
+
+
 def load_teachers(args: argparse.Namespace) -> list[dict[str, Any]]:
     from composer_replication.teacher_replay import DEFAULT_TEACHERS
 
     if args.config is not None:
-        import yaml
-
-        if not args.config.is_file():
-            raise FileNotFoundError(f"{args.config}: no such teacher config")
-        data = yaml.safe_load(args.config.read_text(encoding="utf-8"))
-        if isinstance(data, dict):
-            data = data.get("teachers")
-        if not isinstance(data, list) or not all(isinstance(t, dict) and "slug" in t for t in data):
-            raise ValueError(
-                f"{args.config}: expected a list of teacher specs (dicts with slug, input_per_mtok, output_per_mtok)"
-            )
-        teachers = [dict(t) for t in data]
+        teachers = read_teacher_file(args.config)
     elif args.teachers:
         teachers = [_parse_teacher(a) for a in args.teachers]
     else:

@@ -22,6 +22,7 @@ __all__ = [
     "check_base_url",
     "format_validation_error",
     "load_file",
+    "read_config_data",
     "read_config_file",
     "set_dotted",
     "validate",
@@ -54,6 +55,15 @@ def check_base_url(url: str, who: str = "base_url") -> str:
 def read_config_file(path: Path) -> dict[str, Any]:
     """The mapping in a YAML, TOML or JSON file; ``ConfigError`` for another suffix, a syntax error
     (with the parser's line) or a top level that is not a mapping."""
+    data = read_config_data(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def read_config_data(path: Path) -> Any:
+    """What a YAML, TOML or JSON file holds, any top level (an empty YAML file is ``{}``); ``ConfigError``
+    naming the file for another suffix or a syntax error (with the parser's line)."""
     text = path.read_text(encoding="utf-8")
     suffix = path.suffix.lower()
     try:
@@ -78,8 +88,6 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except Exception as exc:  # yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError
         detail = " ".join(str(exc).split())
         raise ConfigError(f"{path}: not valid {kind}: {detail}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
 
 

@@ -12,7 +12,7 @@ from composer_replication.safety.kill_switch import (
     KillSwitch,
     KillSwitchTriggered,
 )
-from composer_replication.safety.stop import Stop, as_stop
+from composer_replication.safety.stop import Stop, any_stop, as_stop
 
 __all__ = [
     "BENIGN_VIOLATIONS",
@@ -21,6 +21,7 @@ __all__ = [
     "KillSwitchCallback",
     "KillSwitchTriggered",
     "Stop",
+    "any_stop",
     "as_stop",
 ]
 

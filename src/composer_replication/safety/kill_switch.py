@@ -121,7 +121,7 @@ class KillSwitch:
         sandbox ``violation=(kind, detail)`` (see `record_violation`).
 
         Unknown keys are ignored; missing keys are not checked. Returns the reason if this (or an earlier)
-        observation triggered the switch, else None.
+        observation triggered the switch, else what `should_stop` says (a STOP file, a signal, the spend).
         """
         if "step" in metrics and metrics["step"] is not None:
             self.step = int(metrics["step"])
@@ -156,7 +156,7 @@ class KillSwitch:
         if (spent := metrics.get("spend_usd")) is not None:
             if reason := self._check_spend(float(spent)):
                 return reason
-        return self.reason
+        return self.should_stop()  # as any `Stop`: observing also polls (STOP file, signal, spend)
 
     def _observe_reward(self, reward: float) -> str | None:
         self._rewards.append(reward)

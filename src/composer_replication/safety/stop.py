@@ -3,7 +3,8 @@ feeds it the loop's metrics.
 
 A `KillSwitch` is a `Stop`. So is any zero-argument callable returning a reason or None, once wrapped by
 `as_stop` (its ``observe`` just polls it). Loops take one argument, ``stop``, and call `as_stop` on it
-first; functions whose public signature also had ``kill_switch=`` accept it as another name for ``stop``.
+first; functions whose public signature also had ``kill_switch=`` accept it as another name for ``stop``,
+or, where both were honoured side by side (replay, the offline trainer), combine them with `any_stop`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,35 @@ def _never() -> str | None:
 
 
 NEVER: Stop = _Polled(_never)
+
+
+class _First:
+    """Several stops as one: the first reason wins; ``observe`` feeds every one of them."""
+
+    def __init__(self, stops: list[Stop]) -> None:
+        self._stops = stops
+
+    def __call__(self) -> str | None:
+        for stop in self._stops:
+            if (reason := stop()) is not None:
+                return reason
+        return None
+
+    def observe(self, **metrics: Any) -> str | None:
+        reasons = [stop.observe(**metrics) for stop in self._stops]
+        return next((r for r in reasons if r is not None), None)
+
+
+def any_stop(*stops: Stop | Callable[[], str | None] | None) -> Stop:
+    """One `Stop` that stops when any of ``stops`` does (polled in order; None entries are left out).
+
+    For the functions that take both ``stop=`` and ``kill_switch=`` and honour both: one of them alone
+    is `as_stop` of it, none is `NEVER`.
+    """
+    given = [as_stop(s) for s in stops if s is not None]
+    if not given:
+        return NEVER
+    return given[0] if len(given) == 1 else _First(given)
 
 
 def as_stop(stop: Stop | Callable[[], str | None] | None = None, *, kill_switch: Any = None) -> Stop:

@@ -8,7 +8,8 @@ providers bill at most the spec's prices, even with other processes sharing the 
 deadline per attempt) and unreadable bodies are retried with exponential backoff and full jitter,
 honouring ``Retry-After``; a call that still fails becomes a result row with ``error`` set; every
 known API key is scrubbed from the text of each row and ledger note before it is written or raised;
-``stop()`` is polled before each send.
+``stop`` (one `safety.Stop`: a `KillSwitch`, a callable, or both combined) is observed with the spend
+before each send.
 
 What is not covered: a crash between a server's response and the cache append re-sends that one call
 on rerun (the ledger books it in full both times); spend outside this ledger file.
@@ -25,6 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from composer_replication.safety.kill_switch import KillSwitchTriggered
+from composer_replication.safety.stop import any_stop
 
 from .backends.base import BILLED_UNKNOWN, TeacherError
 from .backends.factory import make_backend
@@ -114,17 +118,6 @@ def _booked(usd: float, reserved: float) -> float:
     return max(0.0, float(usd))
 
 
-def _stop_error(reason: str) -> Exception:
-    try:
-        from composer_replication.safety.kill_switch import KillSwitchTriggered
-    except ImportError:
-        err = RuntimeError(f"kill switch: {reason}")
-        err.exit_code = 3  # type: ignore[attr-defined]
-        err.reason = reason  # type: ignore[attr-defined]
-        return err
-    return KillSwitchTriggered(reason)
-
-
 def _row(call: _Call, **kw: Any) -> TeacherCallResult:
     row: TeacherCallResult = {
         "state_id": call.state["state_id"], "teacher_slug": call.spec["slug"], "response_text": None,
@@ -154,7 +147,8 @@ async def replay_states(
     """Send every (state, teacher) call not already in ``cache_path``; return all results in order.
 
     ``ledger_path`` persists the spend so a rerun starts from what was already booked (by default
-    it sits beside the cache). ``stop`` (or ``kill_switch.should_stop``) is polled before each send;
+    it sits beside the cache). ``stop`` and ``kill_switch`` (one `Stop`, see `safety.any_stop`) are
+    observed with the spend so far before each send;
     on a reason, in-flight calls finish and are recorded, then ``KillSwitchTriggered`` is raised.
     """
     if concurrency < 1 or max_tokens < 1:
@@ -162,8 +156,7 @@ async def replay_states(
     if not (timeout_s > 0 and math.isfinite(timeout_s)):
         raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
     retry = retry or RetryPolicy()
-    if kill_switch is not None and stop is None:
-        stop = kill_switch.should_stop
+    halt = any_stop(stop, kill_switch)  # one Stop; a KillSwitch is one, a plain callable becomes one
     calls = plan_calls(states, teachers, max_tokens=max_tokens, timeout_s=timeout_s)
     if ledger_path is None and cache_path is not None:
         ledger_path = Path(cache_path).with_name(Path(cache_path).stem + ".ledger.jsonl")
@@ -201,8 +194,9 @@ async def replay_states(
             bar = tqdm(total=len(todo), unit="call", desc="replay", dynamic_ncols=True)
 
         def _poll() -> str | None:
-            if state["stopped"] is None and stop is not None:
-                state["stopped"] = stop()
+            # before each send: feed the spend so far and ask for a reason (observe polls, too)
+            if state["stopped"] is None:
+                state["stopped"] = halt.observe(spend_usd=ledger.spent_usd)
             return state["stopped"]
 
         async def one(call: _Call) -> TeacherCallResult:
@@ -258,8 +252,6 @@ async def replay_states(
                             cost = cost_from_tokens(resp.prompt_tokens, resp.completion_tokens, call.spec)
                         cost = _booked(cost, res.usd)
                         await ledger.settle(res, cost)
-                        if kill_switch is not None:
-                            kill_switch.observe(spend_usd=ledger.spent_usd)
                         row = _row(
                             call, response_text=scrub(resp.text), latency_s=round(latency, 4), prompt_tokens=resp.prompt_tokens,
                             completion_tokens=resp.completion_tokens, cost_usd=cost,
@@ -312,7 +304,7 @@ async def replay_states(
             report.errors_by_kind[kind] = report.errors_by_kind.get(kind, 0) + 1
     report.stopped = state["stopped"]
     if report.stopped:
-        raise _stop_error(report.stopped)
+        raise KillSwitchTriggered(report.stopped)
     return report
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from composer_replication.config import TrainConfig, build_config
+from composer_replication.safety.stop import any_stop
 from composer_replication.trainer import checkpoint as ckpt
 from composer_replication.trainer import offline_data as od
 from composer_replication.trainer import pair_tokens
@@ -55,13 +56,6 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
     if path.exists():
         write_jsonl_atomic(path, [r for r in read_jsonl(path) if r.get("step", 0) <= step])
-
-
-def _check_stop(stop, kill_switch) -> str | None:
-    reason = stop() if stop is not None else None
-    if reason is None and kill_switch is not None:
-        reason = kill_switch.should_stop()
-    return reason
 
 
 class OfflineStepper:
@@ -305,7 +299,8 @@ def train_offline(
 ) -> dict[str, float]:
     """Train on ``config.data`` (traces and/or pairs) and return the final metrics (see module docstring).
 
-    ``stop()`` / ``kill_switch.should_stop()`` are polled before every optimizer step; on a reason the
+    ``stop`` and ``kill_switch`` (one `Stop`, ``safety.any_stop``) are polled before every optimizer step
+    and fed its loss and grad norm after it; on a reason the
     run checkpoints and raises ``KillSwitchTriggered(reason)`` (exit code 3 from the CLI).
     """
     previous = (
@@ -325,6 +320,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
     from composer_replication.trainer import distributed
 
     cfg = config if isinstance(config, TrainConfig) else build_config(config)
+    halt = any_stop(stop, kill_switch)  # one Stop: polled before each optimizer step, fed after it
     engine = distributed.setup(cfg, device)  # one process, or one rank of torchrun / --nproc N
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -398,7 +394,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
         bar = tqdm(total=cfg.schedule.max_steps, initial=step, desc="train", unit="step")
     try:
         while step < cfg.schedule.max_steps:
-            reason = engine.agree(_check_stop(stop, kill_switch))  # every rank stops at the same step
+            reason = engine.agree(halt())  # every rank stops at the same step
             if reason is not None:
                 save(step)
                 from composer_replication.safety.kill_switch import KillSwitchTriggered
@@ -406,8 +402,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
                 raise KillSwitchTriggered(reason)
             metrics = stepper.step()
             step = stepper.step_count
-            if kill_switch is not None:
-                kill_switch.observe(step=step, loss=metrics["loss/total"], grad_norm=metrics["grad_norm"])
+            halt.observe(step=step, loss=metrics["loss/total"], grad_norm=metrics["grad_norm"])
             if step % cfg.logging.log_every == 0 or step == cfg.schedule.max_steps:
                 row = {"step": step, **metrics}
                 metrics_log.write(row)
