@@ -27,6 +27,7 @@ from composer_replication.ingestion._session import (
     IngestionStats,
     estimate_tokens,
 )
+from composer_replication.ingestion.errors import classify_error, detect_failure
 from composer_replication.ingestion.redact import Redactor
 from composer_replication.wire import SYSTEM_PROMPT
 
@@ -41,6 +42,20 @@ class AssemblyInputs:
     drop: set[int] = field(default_factory=set)  # item indices already seen in an earlier file of the folder
     agents_with_files: set[str] = field(default_factory=set)  # subagent ids that have their own transcript
     link: dict[str, Any] = field(default_factory=dict)  # a subagent transcript's parent (from its .meta.json)
+
+
+def mark_failure(
+    item: dict[str, Any], text: str, *, is_error_flag: bool, structured: Any = None, denial: Any = None
+) -> dict[str, Any]:
+    """``item`` (a tool result) marked failed (``f``), with its error kind (``ek``) and exit code (``c``),
+    when :func:`~composer_replication.ingestion.errors.detect_failure` says ``text`` failed."""
+    failed, code = detect_failure(text, is_error_flag=is_error_flag, structured=structured)
+    if failed:
+        item["f"] = 1
+        item["ek"] = classify_error(text, exit_code=code, denial=denial)
+        if code is not None:
+            item["c"] = code
+    return item
 
 
 class SessionIngester:

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.ingestion import _claude_assemble
-from composer_replication.ingestion._base import AssemblyInputs, SessionIngester
+from composer_replication.ingestion._base import AssemblyInputs, SessionIngester, mark_failure
 from composer_replication.ingestion._claude_assemble import is_subagent_path
 from composer_replication.ingestion._reader import check_version, text_of
 from composer_replication.ingestion._session import Conversation, IngestionStats
-from composer_replication.ingestion.errors import classify_error, detect_failure
 from composer_replication.wire import SYSTEM_PROMPT
 
 __all__ = ["SYSTEM_PROMPT", "ClaudeCodeIngester", "IngestionStats", "is_subagent_path"]
@@ -236,13 +235,10 @@ class ClaudeCodeIngester(SessionIngester):
         if is_cancellation(raw):
             ev["can"] = 1  # a parallel call cancelled because a sibling failed: it did not fail itself
             return ev
-        failed, code = detect_failure(raw, is_error_flag=b.get("is_error") is True, structured=structured)
-        if failed:
-            ev["f"] = 1
-            ev["ek"] = classify_error(raw, exit_code=code, denial=rec.get("toolDenialKind"))
-            if code is not None:
-                ev["c"] = code
-        return ev
+        flagged = b.get("is_error") is True
+        return mark_failure(
+            ev, raw, is_error_flag=flagged, structured=structured, denial=rec.get("toolDenialKind")
+        )
 
     # -- phase 2 -------------------------------------------------------------------------------------------
 

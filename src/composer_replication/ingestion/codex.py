@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from composer_replication.ingestion._base import AssemblyInputs, SessionIngester
+from composer_replication.ingestion._base import AssemblyInputs, SessionIngester, mark_failure
 from composer_replication.ingestion._reader import check_version, text_of
 from composer_replication.ingestion._session import (
     Block,
@@ -27,7 +27,6 @@ from composer_replication.ingestion._session import (
     IngestionStats,
     tool_error_meta,
 )
-from composer_replication.ingestion.errors import classify_error, detect_failure
 
 __all__ = ["CodexIngester"]
 
@@ -163,13 +162,7 @@ class CodexIngester(SessionIngester):
             text = text_of(raw)
             structured = None
         it: dict[str, Any] = {"t": "r", "id": str(p.get("call_id") or ""), "tx": self.redactor.redact(text)}
-        failed, code = detect_failure(text, is_error_flag=False, structured=structured)
-        if failed:
-            it["f"] = 1
-            it["ek"] = classify_error(text, exit_code=code)
-            if code is not None:
-                it["c"] = code
-        return it
+        return mark_failure(it, text, is_error_flag=False, structured=structured)
 
     # -- phase 2: items -> one conversation -----------------------------------------------------------------
 
