@@ -299,8 +299,8 @@ def train_offline(
 ) -> dict[str, float]:
     """Train on ``config.data`` (traces and/or pairs) and return the final metrics (see module docstring).
 
-    ``stop`` and ``kill_switch`` (one `Stop`, ``safety.any_stop``) are polled before every optimizer step
-    and fed its loss and grad norm after it; on a reason the
+    ``stop`` and ``kill_switch`` (one `Stop`, ``safety.any_stop``) are consulted once per optimizer step
+    (polled before the first, then observed with each step's loss and grad norm); on a reason the
     run checkpoints and raises ``KillSwitchTriggered(reason)`` (exit code 3 from the CLI).
     """
     previous = (
@@ -320,7 +320,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
     from composer_replication.trainer import distributed
 
     cfg = config if isinstance(config, TrainConfig) else build_config(config)
-    halt = any_stop(stop, kill_switch)  # one Stop: polled before each optimizer step, fed after it
+    halt = any_stop(stop, kill_switch)  # one Stop (a KillSwitch, a plain callable, or both)
     engine = distributed.setup(cfg, device)  # one process, or one rank of torchrun / --nproc N
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -392,9 +392,12 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
         from tqdm.auto import tqdm
 
         bar = tqdm(total=cfg.schedule.max_steps, initial=step, desc="train", unit="step")
+    # One consult of the stop per optimizer step: polled before the first; after each step (logged and
+    # checkpointed), observe (feed its metrics, then poll) decides whether the next one runs.
+    reason = halt() if step < cfg.schedule.max_steps else None
     try:
         while step < cfg.schedule.max_steps:
-            reason = engine.agree(halt())  # every rank stops at the same step
+            reason = engine.agree(reason)  # every rank stops at the same step
             if reason is not None:
                 save(step)
                 from composer_replication.safety.kill_switch import KillSwitchTriggered
@@ -402,7 +405,6 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
                 raise KillSwitchTriggered(reason)
             metrics = stepper.step()
             step = stepper.step_count
-            halt.observe(step=step, loss=metrics["loss/total"], grad_norm=metrics["grad_norm"])
             if step % cfg.logging.log_every == 0 or step == cfg.schedule.max_steps:
                 row = {"step": step, **metrics}
                 metrics_log.write(row)
@@ -413,6 +415,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
                 bar.set_postfix(loss=f"{metrics['loss/total']:.4f}")
             if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 save(step)
+            reason = halt.observe(step=step, loss=metrics["loss/total"], grad_norm=metrics["grad_norm"])
     finally:
         if bar is not None:
             bar.close()
