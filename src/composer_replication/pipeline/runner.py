@@ -14,8 +14,8 @@ a stage whose summary says ``overrun`` (replay: a provider billed above its rese
 with ``SpendOverrun`` once the stage is recorded.
 
 Test hook: ``COMPOSER_REPLICATION_CRASH_AT=<stage>[:<n>]`` kills the process (``os._exit(113)``, as
-abrupt as SIGKILL: no cleanup runs) inside that stage, at its ``n``-th poll of the stop callback
-(default: after its body returns, before the manifest records it as done).
+abrupt as SIGKILL: no cleanup runs) inside that stage, at its ``n``-th consult of the run's `Stop` (a
+poll or an observe; default: after its body returns, before the manifest records it as done).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 from composer_replication._lock import directory_lock
 from composer_replication.config.run import RunConfig
 from composer_replication.pipeline.manifest import Manifest, hash_path
+from composer_replication.safety.stop import NEVER, Stop, as_stop
 
 CRASH_ENV = "COMPOSER_REPLICATION_CRASH_AT"
 CRASH_EXIT_CODE = 113
@@ -39,13 +40,16 @@ CRASH_EXIT_CODE = 113
 
 @dataclass
 class RunContext:
-    """What a stage gets: the run directory, the config, a stop callback and a logger."""
+    """What a stage gets: the run directory, the config, the run's one `Stop` and a logger.
+
+    ``stop`` is the run's kill switch (a `safety.Stop`; `NEVER` without one): stages poll it, feed it
+    (``stop.observe(...)``) and pass it on as the ``stop=``/``kill_switch=`` of what they call.
+    """
 
     run_dir: Path
     config: RunConfig
-    stop: Callable[[], str | None] = lambda: None
+    stop: Stop = NEVER
     log: Callable[[str], None] = print
-    kill_switch: Any = None
     resume: bool = False  # the stage ran before with the same inputs and config: continue its partial work
     until: str | None = None  # the last stage this invocation runs (``run --until``); None: all of them
     state: dict[str, Any] = field(default_factory=dict)
@@ -136,14 +140,8 @@ class Runner:
         return all(v is not None for v in outputs.values()) and outputs == rec.output_hashes
 
     def _context(self) -> RunContext:
-        stop = self.kill_switch.should_stop if self.kill_switch is not None else (lambda: None)
         return RunContext(
-            self.run_dir,
-            self.config,
-            stop=stop,
-            log=self.log,
-            kill_switch=self.kill_switch,
-            until=self._until,
+            self.run_dir, self.config, stop=as_stop(self.kill_switch), log=self.log, until=self._until
         )
 
     def run(self, *, force: Sequence[str] = (), until: str | None = None) -> dict[str, str]:
@@ -221,9 +219,7 @@ class Runner:
         self.manifest.save()
         crash_at = _crash_point(stage.name)
         if crash_at:
-            ctx.stop = _crashing_stop(ctx.stop, crash_at)
-            if ctx.kill_switch is not None:
-                ctx.kill_switch = _CrashingKillSwitch(ctx.kill_switch, ctx.stop)
+            ctx.stop = _CrashingStop(ctx.stop, crash_at)
         self.log(
             f"[{stage.name}] running"
             + (f" (attempt {rec.attempts}, resuming from caches)" if rec.attempts > 1 else "")
@@ -251,36 +247,24 @@ class Runner:
         return "ran"
 
 
-def _crashing_stop(inner: Callable[[], str | None], n: int) -> Callable[[], str | None]:
-    polls = 0
+class _CrashingStop:
+    """The run's `Stop`, crashing the process at its ``n``-th consult (a poll or an observe; test hook)."""
 
-    def stop() -> str | None:
-        nonlocal polls
-        polls += 1
-        if polls >= n:
+    def __init__(self, inner: Stop, n: int) -> None:
+        self._inner, self._n, self._polls = inner, n, 0
+
+    def _count(self) -> None:
+        self._polls += 1
+        if self._polls >= self._n:
             _crash()
-        return inner()
-
-    return stop
-
-
-class _CrashingKillSwitch:
-    """The run's kill switch, with ``should_stop`` replaced by the crashing poll (test hook only)."""
-
-    def __init__(self, inner: Any, stop: Callable[[], str | None]) -> None:
-        self._inner, self._stop = inner, stop
-
-    def should_stop(self) -> str | None:
-        return self._stop()
 
     def __call__(self) -> str | None:
-        return self._stop()
+        self._count()
+        return self._inner()
 
     def observe(self, **metrics: Any) -> str | None:
-        return self._inner.observe(**metrics) or self._stop()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+        self._count()
+        return self._inner.observe(**metrics)
 
 
 def _fmt_summary(summary: dict[str, Any]) -> str:

@@ -50,7 +50,7 @@ def train_offline_stage(ctx: RunContext) -> dict[str, Any]:
     if not ctx.resume and out.exists():
         shutil.rmtree(out)  # inputs or config changed: the old checkpoints belong to another run
     cfg = train_config(ctx, "offline")
-    final = train_offline(cfg, out_dir=out, resume=True, kill_switch=ctx.kill_switch, stop=ctx.stop)
+    final = train_offline(cfg, out_dir=out, resume=True, stop=ctx.stop)
     # merged weights: evaluation and the GRPO phase load final/ as a plain model
     export_checkpoint(cfg, ckpt.latest_checkpoint(out / "checkpoints"), out / "final", merge=True)
     return {
@@ -81,6 +81,6 @@ def train_grpo_stage(ctx: RunContext) -> dict[str, Any]:
         shutil.rmtree(out)
     cfg = train_config(ctx, "grpo")
     summary = train_grpo_on_tasks(
-        cfg, out_dir=out, tasks=ctx.config.grpo.tasks, resume=True, kill_switch=ctx.kill_switch
+        cfg, out_dir=out, tasks=ctx.config.grpo.tasks, resume=True, kill_switch=ctx.stop
     )
     return {k: v for k, v in summary.items() if v is not None}
