@@ -55,3 +55,60 @@ def test_exit_codes_and_failure_detection() -> None:
         structured={"denied": True},
     ) == (False, None)
     assert classify_error("anything", denial="permission-rule") == "permission_denied"
+
+
+def _alternatives(pattern: str) -> list[str]:
+    """The top-level and grouped ``|`` alternatives of a regex source, each with its surrounding text."""
+    out, depth, start, cls, esc = [], 0, 0, False, False
+    for i, c in enumerate(pattern):
+        if esc:
+            esc = False
+        elif c == "\\":
+            esc = True
+        elif cls:
+            cls = c != "]"
+        elif c == "[":
+            cls = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            out.append(pattern[start:i])
+            start = i + 1
+    out.append(pattern[start:])
+    return out
+
+
+def test_every_rule_alternative_holds_one_of_its_prefilter_literals() -> None:
+    """classify_error runs a rule's regex only when one of its literals occurs: each alternative of each
+    rule (groups expanded) must contain one, else a real match would be missed."""
+    import itertools
+    import re
+
+    from composer_replication.ingestion.errors import _RULES, RULE_LITERALS
+
+    def expand(alt: str) -> list[str]:  # one level of (?:a|b) groups, then [Xx] case pairs folded
+        m = re.search(r"\(\?:((?:[^()]|\([^()]*\))*)\)\??", alt)
+        if m is None:
+            return [re.sub(r"\[([A-Za-z])([A-Za-z])\]", r"\1", alt).lower()]
+        inner = _alternatives(m.group(1)) + ([""] if m.group(0).endswith("?") else [])
+        return list(
+            itertools.chain.from_iterable(expand(alt[: m.start()] + x + alt[m.end() :]) for x in inner)
+        )
+
+    assert set(RULE_LITERALS) == {k for k, _ in _RULES}
+    for kind, rx in _RULES:
+        for alt in _alternatives(rx.pattern):
+            for variant in expand(alt):
+                pieces = re.split(r"\.\{\d+,\d+\}|\\d\+|\\b|\?", variant)
+                assert any(lit in p.replace("\\", "") for p in pieces for lit in RULE_LITERALS[kind]), (
+                    kind,
+                    variant,
+                )
+    # And on texts: the prefilter never changes a classification.
+    texts = ["Tool Foo was not found", "Unexpected keyword argument 'x'", "Timeout expired", "[Request interrupted",
+             "Found 3 matches of the string", "Failed to find context", "could not parse the json", "hook denied"]  # fmt: skip
+    for t in texts:
+        plain = next((k for k, rx in _RULES if rx.search(t)), "runtime_error")
+        assert classify_error(t) == plain, t

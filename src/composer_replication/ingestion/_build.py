@@ -140,7 +140,10 @@ def _build_one(conv: Conversation, trace_id: str, opts: BuildOptions, stats: Ing
                 # A person spoke after the failure: the next turn answers them, not the error.
                 last_error = None
                 turn = {"role": "user", "content": ev.text}
-            _add(msgs, cum, first_turn, turns, turn, opts)
+            if budget is None:
+                turns.append(turn)  # no history budget: the rendered messages are not needed here
+            else:
+                _add(msgs, cum, first_turn, turns, turn, opts)
         trace.examples.extend(_examples(turns, seg_start, trace_id, seg_no, opts, len(trace.examples)))
     stats.n_examples += len(trace.examples)
     return trace

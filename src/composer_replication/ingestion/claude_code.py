@@ -55,34 +55,54 @@ class ClaudeCodeIngester(SessionIngester):
     def parse_record(
         self, r: dict[str, Any], stats: IngestionStats, ctx: dict[str, Any], nested: bool = False
     ) -> dict[str, Any] | None:
-        if not _well_formed(r):
+        get = r.get
+        t, uid, par, lpar, sub = (
+            get("type"),
+            get("uuid"),
+            get("parentUuid"),
+            get("logicalParentUuid"),
+            get("subtype"),
+        )
+        # The envelope fields the parser relies on have usable types (what _well_formed checks, inlined).
+        if not (
+            (t is None or type(t) is str)
+            and (uid is None or type(uid) is str)
+            and (par is None or type(par) is str)
+            and (lpar is None or type(lpar) is str)
+            and (sub is None or type(sub) is str)
+        ):
             raise ValueError("envelope field of the wrong type")
-        t = r.get("type")
+        msg = get("message")
+        if msg is not None and (
+            type(msg) is not dict or ((mid := msg.get("id")) is not None and type(mid) is not str)
+        ):
+            raise ValueError("envelope field of the wrong type")
+        sc = get("isSidechain") is True
         if not nested:
             if t not in _KNOWN_TYPES:
                 stats.n_unknown_types += 1
-            v = r.get("version")
+            v = get("version")
             if v is not None and v != ctx.get("ver"):
                 ctx["ver"] = v
                 assert stats.version_warnings is not None  # IngestionStats.__post_init__
                 check_version(
                     v, *TESTED_VERSIONS, "Claude Code", ctx.get("file", "session"), stats.version_warnings
                 )
-        if self.skip_sidechain and r.get("isSidechain") is True and not nested:
-            return self.node_only(r) or {"t": t, "sc": 1}  # never used: keep its place, not its text
-        if t == "progress" and not nested and (self.skip_sidechain or not _agent_progress(r)):
-            stats.n_display_only += 1  # the most common record: only its place in the tree matters
-            return self.node_only(r)
+            if sc and self.skip_sidechain:  # never used: keep its place, not its text
+                return _node(t, uid, par, lpar, True) if uid is not None else {"t": t, "sc": 1}
+            if t == "progress" and (self.skip_sidechain or not _agent_progress(r)):
+                stats.n_display_only += 1  # the most common record: only its place in the tree matters
+                return _node(t, uid, par, lpar, sc) if uid is not None else None
         it: dict[str, Any] = {"t": t}
-        uid = r.get("uuid")
         if uid is not None:
             it["u"] = uid
-        for src, dst in (("parentUuid", "p"), ("logicalParentUuid", "lp")):
-            if r.get(src) is not None:
-                it[dst] = r[src]
-        if r.get("isSidechain") is True:
+        if par is not None:
+            it["p"] = par
+        if lpar is not None:
+            it["lp"] = lpar
+        if sc:
             it["sc"] = 1
-            if isinstance(r.get("agentId"), str):
+            if isinstance(get("agentId"), str):
                 it["ag"] = r["agentId"]
         if not nested and (
             r.get("sessionId") != ctx.get("sid")
@@ -96,10 +116,9 @@ class ClaudeCodeIngester(SessionIngester):
                 )  # the context keeps the raw values (to notice changes); items get redacted ones
                 it["meta"] = {k: v if k == "sid" else self.redactor.redact(v) for k, v in meta.items()}
         if t == "assistant" or t == "user":
-            if isinstance(r.get("timestamp"), str):
+            if isinstance(get("timestamp"), str):
                 it["ts"] = r["timestamp"]
-            msg = r.get("message")
-            if not isinstance(msg, dict):
+            if msg is None:
                 return it
             if t == "assistant":
                 if _is_api_error(r):
@@ -112,7 +131,6 @@ class ClaudeCodeIngester(SessionIngester):
                 self._user(r, msg, it)
             return it
         if t == "system":
-            sub = r.get("subtype")
             if sub == "compact_boundary":
                 it["cb"] = 1
             elif sub == "api_error":
@@ -142,12 +160,12 @@ class ClaudeCodeIngester(SessionIngester):
             if isinstance(d, dict) and d.get("type") == "agent_progress" and not self.skip_sidechain:
                 inner = d.get("message")
                 if isinstance(inner, dict) and inner.get("type") in ("user", "assistant"):
-                    sub = self.parse_record(inner, stats, ctx, nested=True)
-                    if sub is not None:
+                    child = self.parse_record(inner, stats, ctx, nested=True)
+                    if child is not None:
                         it["ap"] = {
                             "a": str(d.get("agentId") or ""),
                             "ptu": r.get("parentToolUseID"),
-                            "it": sub,
+                            "it": child,
                         }
                         return it
             stats.n_display_only += 1
@@ -246,6 +264,18 @@ class ClaudeCodeIngester(SessionIngester):
         self, path: Path, items: list[dict[str, Any]], stats: IngestionStats, inputs: AssemblyInputs
     ) -> list[Conversation]:
         return _claude_assemble.conversations(self, path, items, stats, inputs)
+
+
+def _node(t: Any, uid: str, par: Any, lpar: Any, sc: bool) -> dict[str, Any]:
+    """A record kept only as a node of the ``parentUuid`` tree (what ``node_only`` gives a well-formed one)."""
+    it: dict[str, Any] = {"t": t, "u": uid}
+    if par is not None:
+        it["p"] = par
+    if lpar is not None:
+        it["lp"] = lpar
+    if sc:
+        it["sc"] = 1
+    return it
 
 
 _META_FIELDS = (("sid", "sessionId"), ("cwd", "cwd"), ("branch", "gitBranch"))

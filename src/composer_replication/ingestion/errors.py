@@ -83,6 +83,30 @@ _RULES: list[tuple[str, re.Pattern[str]]] = [
     ("interrupted", re.compile(r"\[Request interrupted|[Ii]nterrupted by user")),
 ]
 
+# Lower-case literals one of which every match of the rule contains (each alternative of the rule holds one):
+# a rule's regex runs only when its literal test passes, so a long output costs a few substring scans instead
+# of a dozen regex scans. ``tests/ingestion`` checks the literals against the rules.
+RULE_LITERALS: dict[str, tuple[str, ...]] = {
+    "tool_not_found": ("no such tool available", "unknown tool", "not found", "does not exist",
+                       "is not a valid tool", "unsupported call", "unknown function", "unsupported tool"),
+    "json_decode": ("jsondecodeerror", "invalid json", "failed to parse", "expecting value: line", " in json",
+                    "could not parse "),
+    "type_error": ("inputvalidationerror", "invalid_type", "required parameter ", "expected ", "invalid parameter",
+                   "invalid argument"),
+    "user_rejected": ("user doesn't want to proceed", "user rejected tool use", "rejected by "),
+    "permission_denied": ("permission denied", "eacces", "operation not permitted", "requires approval",
+                          "sandbox denied"),
+    "timeout": ("timed out", "timeout"),
+    "edit_mismatch": ("string to replace not found", " matches of the string", "old_string",
+                      "apply_patch verification failed", "failed to "),
+    "file_not_read": ("file has not been read yet", "read it first before"),
+    "file_not_found": ("no such file or directory", "file does not exist", "enoent", "filenotfounderror",
+                       "path does not exist"),
+    "output_too_large": ("exceeds maximum allowed", "output too large", "exceeds the maximum"),
+    "hook_blocked": ("hook error", "hook blocked", "hook denied", "pre-commit validation failed"),
+    "interrupted": ("[request interrupted", "interrupted by user"),
+}  # fmt: skip
+
 # Literal prefix "xit" lets the regex engine skip ahead with a fast substring search.
 _EXIT_RE = re.compile(r"xit(?:ed with code|ed with status| code:?)\s+(-?\d+)")
 
@@ -134,10 +158,11 @@ def classify_error(text: str, *, exit_code: int | None = None, denial: Any = Non
     if denial:
         return "permission_denied"
     head = text[:3000]
+    low = head.lower()
     for kind, rx in _RULES:
         if exit_code is not None and kind in CALL_KINDS:
             continue
-        if rx.search(head):
+        if any(lit in low for lit in RULE_LITERALS[kind]) and rx.search(head):
             return kind
     if exit_code == 124:  # the exit status of timeout(1)
         return "timeout"

@@ -34,6 +34,11 @@ from typing import Any
 
 from composer_replication.ingestion._redact_rules import BASE64_PREFIXES, RULES, Find
 
+try:
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - orjson is optional: redact_obj then walks every string
+    _orjson = None  # type: ignore[assignment]
+
 __all__ = ["SECRET_TYPES", "Redactor"]
 
 _PLACEHOLDER = "[REDACTED:{}]"
@@ -92,15 +97,56 @@ _B64_BY_ANCHOR = _b64_anchors({a[0] for a in _BY_ANCHOR})
 
 
 def _build_automaton(words: list[str]) -> Any:
+    """The anchor scanner: ahocorasick_rs where installed (3-4x faster per character on ASCII text, which is
+    most of what is scanned), else pyahocorasick (one C pass for all anchors instead of one str.find per
+    anchor), else ``None`` (:func:`_find_hits`). Both give every occurrence of every anchor."""
     try:
-        import ahocorasick  # pyahocorasick: one C pass for all anchors instead of one str.find per anchor
+        import ahocorasick
     except ImportError:
-        return None
-    automaton = ahocorasick.Automaton()
-    for w in words:
-        automaton.add_word(w, w)
-    automaton.make_automaton()
-    return automaton
+        automaton = None
+    else:
+        automaton = ahocorasick.Automaton()
+        for w in words:
+            automaton.add_word(w, w)
+        automaton.make_automaton()
+    try:
+        import ahocorasick_rs
+    except ImportError:
+        return automaton
+    return _RustScanner(ahocorasick_rs, words, automaton)
+
+
+class _RustScanner:
+    """ahocorasick_rs behind pyahocorasick's ``iter(text) -> (end, anchor)`` interface (all matches, overlapping
+    ones included). A text it cannot take (a lone surrogate has no UTF-8 form) goes to ``fallback``."""
+
+    def __init__(self, module: Any, words: list[str], fallback: Any) -> None:
+        self._words = words
+        # Over the UTF-8 bytes: the str interface maps every position back to characters, several times
+        # slower on non-ASCII text; here only the (rare) hits are mapped.
+        # A DFA: ~3x faster per byte than the default NFA for these ~150 short anchors (a few hundred KB).
+        self._ac = module.BytesAhoCorasick(
+            [w.encode() for w in words],
+            matchkind=module.MatchKind.Standard,
+            implementation=module.Implementation.DFA,
+        )
+        self._fallback = fallback
+
+    def iter(self, text: str) -> Iterator[tuple[int, str]]:
+        try:
+            data = text.encode()
+        except UnicodeEncodeError:
+            return self._fallback.iter(text) if self._fallback is not None else _find_hits(text)
+        found = self._ac.find_matches_as_indexes(data, overlapping=True)
+        words = self._words
+        if len(data) == len(text):  # ASCII: byte offsets are character offsets
+            return iter([(end - 1, words[i]) for i, _, end in found])
+        hits, b, c = [], 0, 0
+        for i, _, end in sorted(found, key=lambda m: m[2]):  # an anchor ends on a character boundary
+            c += len(data[b:end].decode())
+            b = end
+            hits.append((c - 1, words[i]))
+        return iter(hits)
 
 
 _ALL_ANCHORS = (*_BY_ANCHOR, *_B64_BY_ANCHOR)
@@ -245,6 +291,13 @@ class Redactor:
         """Redact every string inside a JSON-like value, dict keys included."""
         if isinstance(obj, str):
             return self.redact(obj)
+        if self.enabled and isinstance(obj, (dict, list)) and _clean_json_value(obj):
+            return obj  # nothing in it can match: same value (not a copy)
+        return self._redact_walk(obj)
+
+    def _redact_walk(self, obj: Any) -> Any:
+        if isinstance(obj, str):
+            return self.redact(obj)
         if isinstance(obj, dict):
             out: dict[Any, Any] = {}
             for k, v in obj.items():
@@ -255,11 +308,33 @@ class Redactor:
                         n += 1
                         k2 = f"{base}#{n}"
                     k = k2
-                out[k] = self.redact_obj(v)
+                out[k] = self._redact_walk(v)
             return out
         if isinstance(obj, list):
-            return [self.redact_obj(v) for v in obj]
+            return [self._redact_walk(v) for v in obj]
         return obj
+
+
+def _clean_json_value(obj: Any) -> bool:
+    """True when no string (key or value) inside ``obj`` can hold a secret, from one scan of its JSON text.
+
+    Every rule starts at an anchor (a short literal), and an anchor inside a string is also a substring of the
+    compact JSON encoding: only ``"``, ``\\`` and control characters are escaped there, and the one anchor with
+    a quote (``"priv``) keeps it after the escaping backslash. A line continuation (backslash + newline, which
+    ``redact`` removes before scanning, so it can join an anchor) shows as ``\\\\\\n`` or ``\\\\\\r``: such
+    values, values orjson cannot encode, and values with any anchor take the string-by-string walk.
+    """
+    if _orjson is None:
+        return False
+    try:
+        text = _orjson.dumps(obj).decode()
+    except (TypeError, ValueError):  # lone surrogates, integers over 64 bits, nesting past orjson's limit
+        return False
+    if "\\\\\\n" in text or "\\\\\\r" in text:
+        return False
+    if _AUTOMATON is not None:
+        return next(iter(_AUTOMATON.iter(text)), None) is None
+    return next(_find_hits(text), None) is None
 
 
 SECRET_TYPES: tuple[str, ...] = (*dict.fromkeys(r[0] for r in RULES), _BASE64)
