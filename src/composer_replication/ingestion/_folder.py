@@ -210,18 +210,17 @@ def assemble(
     traces = ing.traces(f, items, stats, inputs, asm["base"])
     if not traces and not stats.skipped_subagent:
         stats.n_traces_trivial += 1  # not a single conversation record (only bookkeeping, a summary, ...)
-    dumps = _json.dumps
-    parts: dict[str, list[bytes]] = {n: [] for n in OUTPUTS}
+    parts: dict[str, list[dict[str, Any]]] = {n: [] for n in OUTPUTS}
     for t in traces:
         if not keep_trivial and is_trivial(t):
             stats.n_traces_trivial += 1
             stats.n_states_emitted -= len(t.states)
             stats.n_examples -= len(t.examples)
             continue
-        parts["states.jsonl"].extend(dumps(r) + b"\n" for r in t.states)
-        parts["traces.jsonl"].extend(dumps(r) + b"\n" for r in t.examples)
-        parts["sessions.jsonl"].append(dumps(session_row(t, f, e, asm)) + b"\n")
-    return stats.sparse(), {n: b"".join(v) for n, v in parts.items()}
+        parts["states.jsonl"].extend(t.states)
+        parts["traces.jsonl"].extend(t.examples)
+        parts["sessions.jsonl"].append(session_row(t, f, e, asm))
+    return stats.sparse(), {n: _json.dumps_lines(v) for n, v in parts.items()}
 
 
 def session_row(t: Any, f: Path, e: dict[str, Any], asm: dict[str, Any]) -> dict[str, Any]:

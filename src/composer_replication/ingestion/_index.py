@@ -97,8 +97,7 @@ def save_index(out: Path, idx: dict[str, Any]) -> None:
 
 
 def encode_items(items: list[dict[str, Any]]) -> bytes:
-    dumps = _json.dumps
-    return b"".join([dumps(it) + b"\n" for it in items])
+    return _json.dumps_lines(items)
 
 
 def read_part(path: Path, limit: int | None = None) -> list[dict[str, Any]]:

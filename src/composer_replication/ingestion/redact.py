@@ -291,8 +291,8 @@ class Redactor:
         """Redact every string inside a JSON-like value, dict keys included."""
         if isinstance(obj, str):
             return self.redact(obj)
-        if self.enabled and isinstance(obj, (dict, list)) and _clean_json_value(obj):
-            return obj  # nothing in it can match: same value (not a copy)
+        if not self.enabled or (isinstance(obj, (dict, list)) and _clean_json_value(obj)):
+            return obj  # nothing in it can match: the same value (not a copy)
         return self._redact_walk(obj)
 
     def _redact_walk(self, obj: Any) -> Any:
