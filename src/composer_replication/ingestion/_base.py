@@ -106,9 +106,10 @@ class SessionIngester:
         return None
 
     def parse_bytes(
-        self, data: bytes, stats: IngestionStats, ctx: dict[str, Any], first_line: int = 1
+        self, data: bytes | list[bytes], stats: IngestionStats, ctx: dict[str, Any], first_line: int = 1
     ) -> list[dict[str, Any]]:
-        """Items of the complete lines in ``data`` (line-level counters and redactions go to ``stats``)."""
+        """Items of the complete lines in ``data`` (bytes, or its lines already split at ``\\n``; line-level
+        counters and redactions go to ``stats``)."""
         before = dict(self.redactor.counts)
         items: list[dict[str, Any]] = []
         parse = self.parse_record

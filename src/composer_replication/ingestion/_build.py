@@ -191,6 +191,7 @@ def _examples(
     turns = all_turns[seg_start:]
     out: list[dict[str, Any]] = []
     budget = opts.example_max_tokens
+    tok = [_tokens(t, opts) for t in turns]  # each turn's estimate, once (error sites reuse them)
 
     def emit(kind: str, opening: list[int], a: int, b: int) -> None:
         chosen = [turns[i] for i in opening] + turns[a:b]
@@ -228,10 +229,10 @@ def _examples(
         while i < b and turns[i]["role"] in USER_SIDE:
             i += 1
         opening = list(range(a, i))
-        cost0 = sum(_tokens(turns[k], opts) for k in opening)
+        cost0 = sum(tok[k] for k in opening)
         chunk_start, used, has_asst = a, cost0, False
         for k in range(i, b):
-            cost = _tokens(turns[k], opts)
+            cost = tok[k]
             if used + cost > budget and has_asst and turns[k]["role"] == "assistant":
                 if chunk_start == a:
                     emit("episode", [], a, k)
@@ -254,11 +255,11 @@ def _examples(
             j += 1
         if j >= len(turns) or turns[j]["role"] != "assistant":
             continue
-        used = sum(_tokens(x, opts) for x in turns[i : j + 1])
+        used = sum(tok[i : j + 1])
         k = i
-        while k > 0 and used + _tokens(turns[k - 1], opts) <= budget:
+        while k > 0 and used + tok[k - 1] <= budget:
             k -= 1
-            used += _tokens(turns[k], opts)
+            used += tok[k]
         emit("error_site", [], k, j + 1)
     return out
 

@@ -117,8 +117,10 @@ def _file_meta(items: list[dict[str, Any]]) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     titles: dict[str, str] = {}
     for it in items:
-        for k, v in (it.get("meta") or {}).items():
-            meta.setdefault({"sid": "session_id"}.get(k, k), v)
+        m = it.get("meta")
+        if m:
+            for k, v in m.items():
+                meta.setdefault("session_id" if k == "sid" else k, v)
         ti = it.get("ti")
         if ti:
             titles[ti[0]] = ti[1]  # the last of each kind wins

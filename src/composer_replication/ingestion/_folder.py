@@ -169,11 +169,12 @@ def parse(ing: Any, out: Path, f: Path, e: dict[str, Any], status: str) -> list[
     else:
         old_items, data, lines = [], read_session_bytes(f), IngestionStats()
         ctx, base_line, base = {"file": f.name}, 0, 0
-    cut = ix.complete_offset(data)
-    n_complete = data.count(b"\n", 0, cut)
-    new = ing.parse_bytes(data[:cut], lines, ctx, base_line + 1)
+    pieces = data.split(b"\n")  # split once: the complete lines, then what follows the last newline
+    last = pieces.pop()
+    n_complete, cut = len(pieces), len(data) - len(last)
+    new = ing.parse_bytes(pieces, lines, ctx, base_line + 1)
     tail_stats = IngestionStats()
-    tail = ing.parse_bytes(data[cut:], tail_stats, dict(ctx), base_line + n_complete + 1)
+    tail = ing.parse_bytes([last], tail_stats, dict(ctx), base_line + n_complete + 1)
     enc_new, enc_tail = ix.encode_items(new), ix.encode_items(tail)
     if status == "appended":
         ix.append_part(part, e["part_bytes"], enc_new, enc_tail)

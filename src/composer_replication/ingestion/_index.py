@@ -71,11 +71,6 @@ def file_tail_hash(path: Path, offset: int) -> str | None:
     return h.hexdigest()
 
 
-def complete_offset(data: bytes) -> int:
-    """End of the last complete (newline-terminated) line."""
-    return data.rfind(b"\n") + 1
-
-
 def load_index(out: Path, parse_options: dict[str, Any]) -> dict[str, Any]:
     """The previous run's index when it was made with the same parse options, else an empty one."""
     empty = {"version": INDEX_VERSION, "parse": parse_options, "files": {}, "folders": {}, "outputs": None}

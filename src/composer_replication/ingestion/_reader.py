@@ -25,10 +25,10 @@ def read_records(path: Path, stats: IngestionStats, linenos: list[int] | None = 
 
 
 def iter_records(
-    data: bytes, stats: IngestionStats, first_line: int = 1
+    data: bytes | list[bytes], stats: IngestionStats, first_line: int = 1
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, record)`` for every line of ``data`` that is a JSON object; every other non-blank line
-    is counted in ``stats`` (``skipped_truncated_lines``), never raised.
+    """``(line number, record)`` for every line of ``data`` (bytes, or already split at ``\\n``) that is a JSON
+    object; every other non-blank line is counted in ``stats`` (``skipped_truncated_lines``), never raised.
 
     Lines with invalid UTF-8 (or a lone ``\\ud800``-style surrogate escape) are repaired with U+FFFD and parsed if
     still valid JSON (the bad byte usually sits inside a string); integers too long for a 64-bit value become
@@ -39,14 +39,16 @@ def iter_records(
     decode_error = _json.JSONDecodeError
     n_ok = n_lines = 0
     try:
-        for lineno, line in enumerate(data.split(b"\n"), first_line):
-            if not line or line.isspace():
+        for lineno, line in enumerate(data.split(b"\n") if isinstance(data, bytes) else data, first_line):
+            if not line:
                 continue
-            n_lines += 1
             try:
                 rec = loads(line)
             except (decode_error, UnicodeDecodeError):
+                if line.isspace():  # a blank line (never valid JSON): not counted
+                    continue
                 rec = _slow_parse(line, stats, lineno)
+            n_lines += 1
             if type(rec) is not dict:
                 stats.skipped_truncated_lines += 1
                 if rec is not _BAD:

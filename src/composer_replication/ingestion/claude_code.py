@@ -214,7 +214,7 @@ class ClaudeCodeIngester(SessionIngester):
         it["b"] = blocks
         usage = msg.get("usage")
         if isinstance(usage, dict):
-            it["us"] = [_int(usage.get(k)) for k in _USAGE_KEYS]
+            it["us"] = [v if type(v) is int else 0 for v in map(usage.get, _USAGE_KEYS)]  # bool is no count
             if isinstance(r.get("requestId"), str):
                 it["rq"] = r["requestId"]
 
@@ -285,10 +285,6 @@ _USAGE_KEYS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "
 def _agent_progress(r: dict[str, Any]) -> bool:
     d = r.get("data")
     return isinstance(d, dict) and d.get("type") == "agent_progress"
-
-
-def _int(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def is_cancellation(text: str) -> bool:

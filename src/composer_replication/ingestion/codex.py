@@ -56,12 +56,15 @@ class CodexIngester(SessionIngester):
     def parse_record(
         self, rec: dict[str, Any], stats: IngestionStats, ctx: dict[str, Any]
     ) -> dict[str, Any] | None:
+        t = rec.get("type")
+        payload = rec.get("payload")
+        if t == "response_item" and type(payload) is dict:  # the common line, first
+            ctx["seen"] = True
+            return self._response_item(payload, rec.get("timestamp"))
         first = not ctx.get("seen")
         ctx["seen"] = True
-        t = rec.get("type")
         if not isinstance(t, (str, type(None))):
             raise ValueError("type field of the wrong type")
-        payload = rec.get("payload")
         if t in _ENVELOPE_TYPES and isinstance(payload, dict):
             if t == "response_item":
                 return self._response_item(payload, rec.get("timestamp"))
