@@ -93,17 +93,9 @@ class ClaudeCodeIngester(SessionIngester):
             if t == "progress" and (self.skip_sidechain or not _agent_progress(r)):
                 stats.n_display_only += 1  # the most common record: only its place in the tree matters
                 return _node(t, uid, par, lpar, sc) if uid is not None else None
-        it: dict[str, Any] = {"t": t}
-        if uid is not None:
-            it["u"] = uid
-        if par is not None:
-            it["p"] = par
-        if lpar is not None:
-            it["lp"] = lpar
-        if sc:
-            it["sc"] = 1
-            if isinstance(get("agentId"), str):
-                it["ag"] = r["agentId"]
+        it = _node(t, uid, par, lpar, sc)
+        if sc and isinstance(get("agentId"), str):
+            it["ag"] = r["agentId"]
         if not nested and (
             r.get("sessionId") != ctx.get("sid")
             or r.get("cwd") != ctx.get("cwd")
@@ -266,9 +258,12 @@ class ClaudeCodeIngester(SessionIngester):
         return _claude_assemble.conversations(self, path, items, stats, inputs)
 
 
-def _node(t: Any, uid: str, par: Any, lpar: Any, sc: bool) -> dict[str, Any]:
-    """A record kept only as a node of the ``parentUuid`` tree (what ``node_only`` gives a well-formed one)."""
-    it: dict[str, Any] = {"t": t, "u": uid}
+def _node(t: Any, uid: str | None, par: Any, lpar: Any, sc: bool) -> dict[str, Any]:
+    """A record's place in the ``parentUuid`` tree (what ``node_only`` gives a well-formed one): type,
+    uuid, parent, logical parent, sidechain flag; every record's item starts from it."""
+    it: dict[str, Any] = {"t": t}
+    if uid is not None:
+        it["u"] = uid
     if par is not None:
         it["p"] = par
     if lpar is not None:
