@@ -47,7 +47,8 @@ def _sft(a: argparse.Namespace, work: Path) -> str:
     """Offline SFT on the bundled sessions; returns the exported model directory."""
     from composer_replication.config import build_config
     from composer_replication.ingestion import ingest_paths
-    from composer_replication.pipeline.training import export_final
+    from composer_replication.trainer import checkpoint as ckpt
+    from composer_replication.trainer.export import export_checkpoint
     from composer_replication.trainer.offline import train_offline
 
     sessions = ROOT / "src" / "composer_replication" / "data" / "sessions"
@@ -60,7 +61,9 @@ def _sft(a: argparse.Namespace, work: Path) -> str:
         "checkpoint": {"every_steps": a.sft_steps, "keep_last": 1}, "logging": {"progress": False, "plot": False},
     })  # fmt: skip
     train_offline(cfg, out_dir=work / "sft", resume=True)
-    export_final(cfg, work / "sft" / "checkpoints", work / "sft" / "final")
+    export_checkpoint(
+        cfg, ckpt.latest_checkpoint(work / "sft" / "checkpoints"), work / "sft" / "final", merge=True
+    )
     return str(work / "sft" / "final")
 
 

@@ -46,6 +46,9 @@ METRICS = (
     "sandbox_reward",
     "sandbox_pass_rate",
 )
+# Reported beside the metrics (not choosable): answers cut by the token budget, and the hinted teacher's
+# own recovery CE (what the SDPO channel can pass on at best).
+DIAGNOSTICS = ("truncated_rate", "teacher_recovery_ce")
 
 
 def fail(msg: str) -> None:
@@ -82,10 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-new-tokens",
         type=int,
-        default=96,
-        help="greedy answer length at a site (a recorded recovery is 64 tokens at the median; a call cut short is invalid)",
+        default=256,
+        help="greedy answer budget at a site (recorded recoveries: 64 tokens at the median, 21 of 30 "
+        "within 256; a call cut short is invalid, so a small budget reads as malformed actions)",
     )
-    p.add_argument("--sandbox-new-tokens", type=int, default=48, help="greedy tokens per sandbox rollout")
+    p.add_argument("--eval-batch", type=int, default=16, help="sites per measuring batch (KV-cached decode)")
+    p.add_argument("--sandbox-new-tokens", type=int, default=64, help="greedy tokens per sandbox task")
     p.add_argument("--sandbox-tasks", default="", help="comma-separated bundled tasks (default: all)")
     a = p.parse_args(argv)
     for flag in ("train_sessions", "eval_sessions"):
@@ -146,25 +151,38 @@ def train_config(a: argparse.Namespace, variant: dict, seed: int, data_dir: Path
 
 
 def sandbox_metrics(model: Any, tok: Any, tasks: list[str], max_new_tokens: int) -> dict[str, float]:
-    """One greedy single-turn rollout per bundled task; infrastructure failures are left out, never 0."""
-    from composer_replication.datagen.rollout import HFPolicy, run_rollout
+    """One greedy completion per bundled task, from the prompt GRPO and the rollouts use
+    (``datagen.rollout.task_prompt``), scored by GRPO's reward (``datagen.reward.make_shaped_reward``:
+    0.1 well-formed + 0.2 calls that ran + 0.7 share of tests passing); the pass rate counts completions
+    after which every test passes. Infrastructure failures are left out, never scored 0."""
+    import torch
+
+    from composer_replication import encoding
+    from composer_replication.datagen.reward import make_shaped_reward
+    from composer_replication.datagen.rollout import task_prompt
     from composer_replication.datagen.tasks import bundled_tasks
+    from composer_replication.trainer.onpolicy import decode, eos_token_ids, prefill
 
     all_tasks = bundled_tasks()
-    chosen = [all_tasks[t] for t in (tasks or sorted(all_tasks))]
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    policy = HFPolicy(model, tok, max_new_tokens=max_new_tokens, temperature=0.0)
-    policy.model_name = getattr(base.config, "_name_or_path", "student")
-    rewards = []
-    for task in chosen:
-        r = run_rollout(task, policy, max_turns=1)
-        if r.status == "ok" and r.reward is not None:
-            rewards.append(float(r.reward))
+    names = tasks or sorted(all_tasks)
+    prompts = [encoding.render_prompt_ids(tok, task_prompt(all_tasks[n])) for n in names]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            pre = prefill(model, prompts, encoding.pad_id(tok))
+            ids = decode(model, pre, max_new_tokens=max_new_tokens, temperature=0, eos_ids=eos_token_ids(tok))
+    finally:
+        model.train(was_training)
+    reward = make_shaped_reward({n: all_tasks[n] for n in names})
+    scores = reward([tok.decode(x, skip_special_tokens=True) for x in ids], names)
+    parts = [p for p in reward.last_parts if p is not None]
+    rewards = [r for r in scores if r is not None]
     if not rewards:
         return {}
     return {
         "sandbox_reward": sum(rewards) / len(rewards),
-        "sandbox_pass_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
+        "sandbox_pass_rate": sum(p["tests"] >= 1.0 for p in parts) / len(parts),
     }
 
 
@@ -351,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     a.lora_targets = lora_targets(base, a.lora_layers)
     eval_sites = error_sites(eval_traces, need_hint=False)
     sites = SiteSet(tok, eval_sites, pairs=recovery_pairs(eval_traces), max_len=a.max_seq_len,
-                    max_new_tokens=a.max_new_tokens, tools_by_trace=eval_tools)  # fmt: skip
+                    max_new_tokens=a.max_new_tokens, tools_by_trace=eval_tools, batch_size=a.eval_batch)  # fmt: skip
     cache_path = out.with_suffix(".runs.jsonl")
     cache = {r["key"]: r for r in read_jsonl(cache_path)} if cache_path.exists() else {}
     runs: dict[str, list[dict]] = {}
@@ -376,10 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         seconds=round(time.time() - t_start, 1), channels={n: rs[0].get("channels", {}) for n, rs in runs.items()},
         grpo_builder="pipeline.grpo_phase.train_grpo_on_tasks (reward: tests pass 1/0; no shaped reward yet)",
         paired_vs_sft=paired_vs(runs),
+        diagnostics=summarise(runs, list(DIAGNOSTICS)),
     )  # fmt: skip
     summary = summarise(runs, a.metrics)
     atomic_write_json(out, {"variants": summary, "config": config})
     print(markdown_table(summary, a.metrics))
+    print(markdown_table(config["diagnostics"], list(DIAGNOSTICS)))
     for name, per in config["paired_vs_sft"].items():
         shown = {
             m: f"{d['delta']:+.4g} [{d['delta_ci95'][0]:+.3g}, {d['delta_ci95'][1]:+.3g}]"

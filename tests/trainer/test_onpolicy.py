@@ -55,6 +55,23 @@ def test_greedy_sampling_matches_transformers_generate(tiny_model, tiny_tokenize
         assert g == ref[: len(g)] and len(g) == len(ref)
 
 
+def test_greedy_rows_that_finish_early_leave_the_batch_without_changing_the_others(tiny_model):
+    # EOS ids taken from the rows' own greedy paths, so rows end at different steps: the finished ones
+    # are dropped from the batch (and its KV cache) and each row must still match a run of its own.
+    prompts = [[5, 17, 23, 99, 4], [7, 8], [31, 32, 33], [40, 41, 42, 43]]
+    free = op.sample(tiny_model, prompts, max_new_tokens=10, temperature=0, eos_ids=[], pad_id=0)
+    eos = sorted({free[0][1], free[2][5]})
+    got = op.sample(tiny_model, prompts, max_new_tokens=10, temperature=0, eos_ids=eos, pad_id=0)
+    assert len({len(g) for g in got}) > 1  # the rows did finish at different steps
+    for p, g in zip(prompts, got, strict=True):
+        ids = torch.tensor([p])
+        ref = tiny_model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
+            pad_token_id=0, eos_token_id=eos,
+        )[0, len(p) :].tolist()  # fmt: skip
+        assert g == ref[: len(g)] and len(g) == len(ref)
+
+
 def test_sampling_is_a_function_of_the_generator(tiny_model):
     prompts = [[5, 17, 23], [7, 8, 9, 10]]
     kw = dict(max_new_tokens=8, temperature=1.0, eos_ids=[], pad_id=0)

@@ -170,6 +170,9 @@ def decode(
     eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=dev)
     n = pre.logits.shape[0]
     logits, cache, attn, pos = pre.logits, pre.cache, pre.attn, pre.pos
+    # Greedy decoding drops finished rows from the batch (cache, mask, positions), so the tail of a long
+    # answer costs what its few rows cost. Sampling keeps every row: its random stream stays the same.
+    live = torch.arange(n, device=dev)
     done = torch.zeros(n, dtype=torch.bool, device=dev)
     seqs: list[list[int]] = [[] for _ in range(n)]
     for step in range(max_new_tokens):
@@ -178,12 +181,16 @@ def decode(
         else:
             probs = torch.softmax(logits / temperature, -1).cpu()
             nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(dev)
-        for i in range(n):
+        for i, tok_id in zip(live.tolist(), nxt.tolist(), strict=True):
             if not done[i]:
-                seqs[i].append(int(nxt[i]))
-        done |= torch.isin(nxt, eos)
+                seqs[i].append(tok_id)
+        done[live] |= torch.isin(nxt, eos)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
+        if temperature == 0 and bool(done[live].any()):
+            idx = (~done[live]).nonzero().squeeze(-1)
+            live, nxt, attn, pos = live[idx], nxt[idx], attn[idx], pos[idx]
+            cache.batch_select_indices(idx)
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)
         pos = pos + 1
         out = model(

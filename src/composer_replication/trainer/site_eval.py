@@ -11,7 +11,12 @@ sites once; :meth:`SiteSet.measure` scores one model:
   has absorbed. Only at sites with a hint (``n_hinted_sites``; a rejected tool call has none).
 - ``valid_rate`` / ``tool_match_rate``: the greedy answer at the site, parsed with
   ``teacher_replay.actions`` and scored by ``wire.score_action``: a well-formed action; and a
-  well-formed action calling the same tools as the recorded recovery.
+  well-formed action calling the same tools as the recorded recovery. ``truncated_rate`` is the share
+  of answers cut by ``max_new_tokens`` before an end-of-turn token (a tool call cut short is invalid,
+  so a budget that is too small reads as malformed actions).
+- ``teacher_recovery_ce``: the recovery CE of the hinted teacher itself (the same model given the
+  hint), at the hinted sites: how much the hint helps this model predict the recovery, i.e. what the
+  SDPO channel can pass on at best.
 - ``pref_accuracy``: over held-out recovery pairs (``offline_data.recovery_pairs``: the recovery chosen,
   the failed action rejected), the fraction whose chosen response has the higher mean token log-prob.
 
@@ -122,7 +127,8 @@ class SiteSet:
 
         dev = next(model.parameters()).device
         eos = eos_token_ids(self.tok)
-        ce, jsd, answers, n = [], [], [], 0
+        ce, jsd, t_ce, answers, n = [], [], [], [], 0
+        cut: list[float] = []
         for chunk in self._chunks(self.rows):
             recs = [r.rec for r in chunk]
             pre = prefill(model, [r.prompt for r in chunk], self.pad)
@@ -139,18 +145,22 @@ class SiteSet:
                 if b in hinted:
                     t_rows = t_log[hinted.index(b), : len(r.rec)]
                     jsd.append(float(generalized_jsd_loss(rows[None], t_rows[None], beta=0.5)))
+                    t_ce.append(-float(token_logprobs(t_rows[None], labels[None]).mean()))
             if greedy:
                 ids = decode(model, pre, max_new_tokens=self.max_new_tokens, temperature=0, eos_ids=eos)
                 answers += [self.tok.decode(x, skip_special_tokens=True) for x in ids]
+                cut += [float(len(x) >= self.max_new_tokens and x[-1] not in eos) for x in ids]
         out: dict[str, Any] = {
             "recovery_ce": sum(ce) / len(ce),
             "hinted_jsd": sum(jsd) / len(jsd) if jsd else None,
+            "teacher_recovery_ce": sum(t_ce) / len(t_ce) if t_ce else None,
             "n_recovery_tokens": float(n),
             "n_hinted_sites": float(len(jsd)),
-            "per_site": {"recovery_ce": ce, "hinted_jsd": jsd},
+            "per_site": {"recovery_ce": ce, "hinted_jsd": jsd, "teacher_recovery_ce": t_ce},
         }
         if greedy:
             out.update(self._score(answers))
+            out["truncated_rate"] = sum(cut) / len(cut)
         return out
 
     def _score(self, answers: list[str]) -> dict[str, Any]:
