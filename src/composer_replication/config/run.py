@@ -190,7 +190,12 @@ class EvalConfig(_Section):
     max_sites: int = Field(
         16, ge=1, description="Held-out error sites evaluated (the first ones in file order)."
     )
-    max_new_tokens: int = Field(64, ge=1, description="Greedy tokens generated per site.")
+    max_new_tokens: int = Field(
+        256,
+        ge=1,
+        description="Greedy tokens generated per site (a recorded recovery is ~64 tokens at the median "
+        "and often several hundred; a tool call cut short by this budget counts as malformed).",
+    )
     max_prompt_tokens: int = Field(1024, ge=32, description="Left-truncate prompts to this many tokens.")
     sandbox_tasks: bool = Field(
         True,
