@@ -41,8 +41,10 @@ def bench(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 def test_every_variant_trains_and_is_measured(folders, tmp_path):
     train, held = folders
     out = tmp_path / "learning.json"
+    # a random tiny model rarely ends an answer, so its greedy answers are kept short
     args = ["--train-sessions", str(train), "--eval-sessions", str(held), "--out", str(out), "--model", "tiny",
-            "--seeds", "2", "--steps", "3", "--lr", "0.01", "--sandbox-tasks", "fix_import", "--grpo-steps", "1"]  # fmt: skip
+            "--seeds", "2", "--steps", "3", "--lr", "0.01", "--sandbox-tasks", "fix_import", "--grpo-steps", "1",
+            "--max-new-tokens", "24"]  # fmt: skip
     r = bench(*args)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(out.read_text())
