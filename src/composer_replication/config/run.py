@@ -196,7 +196,12 @@ class EvalConfig(_Section):
         description="Greedy tokens generated per site (a recorded recovery is ~64 tokens at the median "
         "and often several hundred; a tool call cut short by this budget counts as malformed).",
     )
-    max_prompt_tokens: int = Field(1024, ge=32, description="Left-truncate prompts to this many tokens.")
+    max_prompt_tokens: int = Field(
+        1024,
+        ge=32,
+        description="Left-truncate prompts to this many tokens (both the greedy answers and the before/after "
+        "site metrics: a window cut to the training `max_seq_len` starves the model of the history it acts on).",
+    )
     sandbox_tasks: bool = Field(
         True,
         description="Also measure the pass rate on the bundled sandbox tasks (`grpo.tasks`), one greedy agent rollout per task.",

@@ -261,7 +261,7 @@ def _evaluate(ctx: RunContext) -> dict[str, Any]:
 
     result["sites"] = site_comparison(
         heldout_traces(ctx.run_dir), student_dir(ctx), final_model_dir(ctx),
-        max_len=ctx.config.train.data.max_seq_len, max_new_tokens=ec.max_new_tokens,
+        max_len=ec.max_prompt_tokens, max_new_tokens=ec.max_new_tokens,
     )  # fmt: skip
     atomic_write_json(ctx.path("eval", "eval.json"), result)
     out: dict[str, Any] = {"sites": len(sites)}
