@@ -46,11 +46,16 @@ def test_greedy_sampling_matches_transformers_generate(tiny_model, tiny_tokenize
     prompts = [[5, 17, 23, 99, 4], [7, 8]]
     eos = [tiny_tokenizer.eos_token_id]
     got = op.sample(tiny_model, prompts, max_new_tokens=6, temperature=0, eos_ids=eos, pad_id=0)
+    assert_each_row_matches_generate(tiny_model, prompts, got, eos, 6)
+
+
+def assert_each_row_matches_generate(model, prompts, got, eos, max_new_tokens):
+    """Every batched answer equals ``generate`` run on its prompt alone (greedy, same EOS ids)."""
     for p, g in zip(prompts, got, strict=True):
         ids = torch.tensor([p])
-        ref = tiny_model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
-            pad_token_id=0, eos_token_id=eos,
+        ref = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+            do_sample=False, pad_token_id=0, eos_token_id=eos,
         )[0, len(p) :].tolist()  # fmt: skip
         assert g == ref[: len(g)] and len(g) == len(ref)
 
@@ -63,13 +68,7 @@ def test_greedy_rows_that_finish_early_leave_the_batch_without_changing_the_othe
     eos = sorted({free[0][1], free[2][5]})
     got = op.sample(tiny_model, prompts, max_new_tokens=10, temperature=0, eos_ids=eos, pad_id=0)
     assert len({len(g) for g in got}) > 1  # the rows did finish at different steps
-    for p, g in zip(prompts, got, strict=True):
-        ids = torch.tensor([p])
-        ref = tiny_model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
-            pad_token_id=0, eos_token_id=eos,
-        )[0, len(p) :].tolist()  # fmt: skip
-        assert g == ref[: len(g)] and len(g) == len(ref)
+    assert_each_row_matches_generate(tiny_model, prompts, got, eos, 10)
 
 
 def test_sampling_is_a_function_of_the_generator(tiny_model):
