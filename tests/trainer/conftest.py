@@ -64,3 +64,27 @@ def tiny_config(data_dir: Path, **sections) -> dict:
     for key, value in sections.items():
         cfg[key] = {**cfg.get(key, {}), **value} if isinstance(value, dict) else value
     return cfg
+
+
+@pytest.fixture()
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def grpo_cfg(small_data: Path, **grpo) -> dict:
+    """A grpo-mode config dict on ``small_data`` with all three channels; ``grpo`` overrides its section."""
+    return {
+        "mode": "grpo",
+        "model": {"path": "tiny"},
+        "data": {"traces": str(small_data / "traces.jsonl"), "pairs": str(small_data / "pairs.jsonl"),
+                 "max_seq_len": 128, "max_dpo_seq_len": 128},
+        "loss": {"sdpo": {"weight": 0.5}, "preference": {"weight": 0.5}},
+        "optimizer": {"lr": 1e-3},
+        "schedule": {"max_steps": 2, "batch_size": 4},
+        "checkpoint": {"every_steps": 1, "keep_last": 1},
+        "grpo": {"objective": "dr_grpo", "num_generations": 4, "max_completion_length": 8, **grpo},
+        "logging": {"progress": False, "plot": False},
+    }  # fmt: skip

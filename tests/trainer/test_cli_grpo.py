@@ -7,24 +7,16 @@ import json
 import pytest
 import yaml
 
+from .conftest import grpo_cfg
+
 pytestmark = pytest.mark.slow
 
 
 def test_cli_grpo_mode_runs_all_channels(small_data, tmp_path, capsys):
     from composer_replication.cli.main import main
 
-    cfg = {
-        "mode": "grpo",
-        "model": {"path": "tiny"},
-        "data": {"traces": str(small_data / "traces.jsonl"), "pairs": str(small_data / "pairs.jsonl"),
-                 "max_seq_len": 128, "max_dpo_seq_len": 128},
-        "loss": {"sdpo": {"weight": 0.5}, "preference": {"weight": 0.5}},
-        "optimizer": {"lr": 1e-3},
-        "schedule": {"max_steps": 2, "batch_size": 4},
-        "checkpoint": {"every_steps": 1, "keep_last": 1},
-        "grpo": {"objective": "dr_grpo", "num_generations": 4, "max_completion_length": 8},
-        "logging": {"progress": False},
-    }  # fmt: skip
+    cfg = grpo_cfg(small_data)
+    cfg["logging"] = {"progress": False}  # the default plot: losses.png is checked below
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["train", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run")]) == 0
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 import yaml
 
 from composer_replication.trainer import checkpoint as ckpt
 
 from .conftest import tiny_config
-
-
-@pytest.fixture()
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _train(small_data, tmp_path, capsys, *extra, **sections):

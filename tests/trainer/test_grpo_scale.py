@@ -17,22 +17,9 @@ import yaml
 
 from composer_replication.config import ConfigError, build_config
 
+from .conftest import grpo_cfg
+
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-
-
-def grpo_cfg(small_data, **grpo) -> dict:
-    return {
-        "mode": "grpo",
-        "model": {"path": "tiny"},
-        "data": {"traces": str(small_data / "traces.jsonl"), "pairs": str(small_data / "pairs.jsonl"),
-                 "max_seq_len": 128, "max_dpo_seq_len": 128},
-        "loss": {"sdpo": {"weight": 0.5}, "preference": {"weight": 0.5}},
-        "optimizer": {"lr": 1e-3},
-        "schedule": {"max_steps": 2, "batch_size": 4},
-        "checkpoint": {"every_steps": 1, "keep_last": 1},
-        "grpo": {"objective": "dr_grpo", "num_generations": 4, "max_completion_length": 8, **grpo},
-        "logging": {"progress": False, "plot": False},
-    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

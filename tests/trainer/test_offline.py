@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-import torch
 import yaml
 
 from composer_replication.trainer import checkpoint as ckpt
@@ -21,14 +20,6 @@ from .conftest import tiny_config
 
 def rows(path):
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-
-
-@pytest.fixture()
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_three_channels_fire_and_lm_loss_falls(small_data, tmp_path, one_thread):

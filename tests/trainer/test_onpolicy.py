@@ -19,14 +19,6 @@ def rows(path):
     return list(read_rows(path))
 
 
-@pytest.fixture()
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_error_sites_of_real_traces(ingested):
     traces = rows(ingested / "traces.jsonl")
     sites = op.error_sites(traces)
