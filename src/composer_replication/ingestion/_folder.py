@@ -21,7 +21,7 @@ from typing import Any
 from composer_replication.ingestion import _index as ix
 from composer_replication.ingestion import _json
 from composer_replication.ingestion._base import AssemblyInputs
-from composer_replication.ingestion._files import SessionFileError, read_session_bytes
+from composer_replication.ingestion._files import SessionFileError, read_session_bytes, split_lines
 from composer_replication.ingestion._select import is_trivial, project_dir
 from composer_replication.ingestion._session import IngestionStats
 
@@ -169,7 +169,7 @@ def parse(ing: Any, out: Path, f: Path, e: dict[str, Any], status: str) -> list[
     else:
         old_items, data, lines = [], read_session_bytes(f), IngestionStats()
         ctx, base_line, base = {"file": f.name}, 0, 0
-    pieces = data.split(b"\n")  # split once: the complete lines, then what follows the last newline
+    pieces = split_lines(data)  # split once: the complete lines, then what follows the last newline
     last = pieces.pop()
     n_complete, cut = len(pieces), len(data) - len(last)
     new = ing.parse_bytes(pieces, lines, ctx, base_line + 1)

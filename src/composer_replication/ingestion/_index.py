@@ -24,6 +24,7 @@ from typing import Any
 
 from composer_replication._io import atomic_open
 from composer_replication.ingestion import _json
+from composer_replication.ingestion._files import split_lines
 
 INDEX_VERSION = 2
 TAIL_BYTES = 4096
@@ -99,7 +100,7 @@ def read_part(path: Path, limit: int | None = None) -> list[dict[str, Any]]:
     with open(path, "rb") as fh:
         data = fh.read() if limit is None else fh.read(limit)
     loads = _json.loads
-    return [loads(line) for line in data.split(b"\n") if line]
+    return [loads(line) for line in split_lines(data) if line]
 
 
 def write_part(path: Path, complete: bytes, tail: bytes) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication.ingestion import _json
-from composer_replication.ingestion._files import read_session_bytes
+from composer_replication.ingestion._files import read_session_bytes, split_lines
 from composer_replication.ingestion._session import IngestionStats
 
 
@@ -39,7 +39,7 @@ def iter_records(
     decode_error = _json.JSONDecodeError
     n_ok = n_lines = 0
     try:
-        for lineno, line in enumerate(data.split(b"\n") if isinstance(data, bytes) else data, first_line):
+        for lineno, line in enumerate(split_lines(data) if isinstance(data, bytes) else data, first_line):
             if not line:
                 continue
             try:

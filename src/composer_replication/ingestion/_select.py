@@ -6,17 +6,19 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from composer_replication.ingestion import _json
+from composer_replication.ingestion._files import iter_lines
 
 _CODEX_HINTS = (b'"session_meta"', b'"response_item"', b'"event_msg"', b'"turn_context"', b'"record_type"')
 
 
 def detect_format(path: Path, head: bytes) -> str:
     """``"codex"`` or ``"claude_code"``, from the first lines of the file (then its name)."""
-    for line in head.split(b"\n")[:20]:
+    for line in islice(iter_lines(head), 20):
         if any(h in line for h in _CODEX_HINTS):
             return "codex"
         if b'"parentUuid"' in line or b'"sessionId"' in line or b'"leafUuid"' in line:
@@ -30,7 +32,7 @@ def head_info(path: Path, head: bytes) -> dict[str, Any]:
     """``{"format", "first_ts", "session_id", "cwd"}`` from the first 64 KiB (fields missing when not there)."""
     fmt = detect_format(path, head)
     info: dict[str, Any] = {"format": fmt, "first_ts": ""}
-    for line in head.split(b"\n"):
+    for line in iter_lines(head):
         try:
             rec = _json.loads(line)
         except (_json.JSONDecodeError, UnicodeDecodeError, RecursionError):
