@@ -31,6 +31,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=15.0, help="GRPO training budget (wall clock)")
     p.add_argument("--sft-steps", type=int, default=0, help="offline SFT steps on the bundled sessions first")
     p.add_argument("--sft-lr", type=float, default=1e-4)
+    p.add_argument("--sft-lora-layers", type=int, default=0,
+                   help="SFT a LoRA adapter (r 16) on the last N layers, merged before GRPO; 0: all weights")  # fmt: skip
+    p.add_argument("--sft-seq-len", type=int, default=512)
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--prompts", type=int, default=1, help="prompts per step")
@@ -55,16 +58,31 @@ def _sft(a: argparse.Namespace, work: Path) -> str:
     ingest_paths([sessions], work / "ingest")
     cfg = build_config({
         "mode": "offline", "seed": a.seed, "model": {"path": a.model},
-        "data": {"traces": str(work / "ingest" / "traces.jsonl"), "max_seq_len": 512},
+        "data": {"traces": str(work / "ingest" / "traces.jsonl"), "max_seq_len": a.sft_seq_len},
         "loss": {"sdpo": {"weight": 0.0}, "preference": {"weight": 0.0}},
         "optimizer": {"lr": a.sft_lr}, "schedule": {"max_steps": a.sft_steps, "batch_size": 2},
         "checkpoint": {"every_steps": a.sft_steps, "keep_last": 1}, "logging": {"progress": False, "plot": False},
+        **({"lora": {"enabled": True, "r": 16, "alpha": 32, "target_modules": _last_layers(a.model, a.sft_lora_layers, work)}}
+           if a.sft_lora_layers else {}),
     })  # fmt: skip
     train_offline(cfg, out_dir=work / "sft", resume=True)
     export_checkpoint(
         cfg, ckpt.latest_checkpoint(work / "sft" / "checkpoints"), work / "sft" / "final", merge=True
     )
     return str(work / "sft" / "final")
+
+
+def _last_layers(model: str, n: int, work: Path) -> str:
+    """PEFT ``target_modules``: the projections of ``model``'s last ``n`` blocks."""
+    import json
+
+    from composer_replication.models import resolve_model
+
+    total = int(
+        json.loads((resolve_model(model, tiny_dir=work) / "config.json").read_text())["num_hidden_layers"]
+    )
+    ids = "|".join(str(i) for i in range(max(0, total - n), total))
+    return rf".*\.layers\.({ids})\.(self_attn|mlp)\.\w+_proj"
 
 
 def _deadline(seconds: float) -> Any:

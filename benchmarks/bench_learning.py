@@ -80,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="SDPO source of the full recipe (sft+sdpo+dpo, +grpo)")  # fmt: skip
     p.add_argument("--on-policy-tokens", type=int, default=24, help="tokens sampled per site (on_policy)")
     p.add_argument("--on-policy-temperature", type=float, default=1.0)
+    p.add_argument("--privileged", choices=("none", "recovery"), default="recovery",
+                   help="what the on-policy teacher sees beyond the hint (loss.sdpo.on_policy.privileged)")  # fmt: skip
     p.add_argument("--dpo-weight", type=float, default=0.1, help="beta of the preference channel")
     p.add_argument("--grpo-steps", type=int, default=2)
     p.add_argument(
@@ -133,7 +135,7 @@ def train_config(a: argparse.Namespace, variant: dict, seed: int, data_dir: Path
     sdpo = {"weight": a.sdpo_weight if variant["sdpo"] else 0.0,
             "source": variant.get("source", a.sdpo_source),
             "on_policy": {"max_new_tokens": a.on_policy_tokens, "temperature": a.on_policy_temperature,
-                          "sites_per_batch": a.batch_size}}  # fmt: skip
+                          "sites_per_batch": a.batch_size, "privileged": a.privileged}}  # fmt: skip
     return {
         "mode": "offline", "seed": seed, "model": {"path": a.model},
         "data": {"traces": str(data_dir / "traces.jsonl"), "pairs": str(data_dir / "pairs.jsonl"),
@@ -392,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         n_eval_pairs=len(sites.pair_rows), n_train_traces=len(train_traces), n_train_pairs=len(train_pairs),
         n_train_sites=len(error_sites(train_traces)), runs_file=str(cache_path),
         seconds=round(time.time() - t_start, 1), channels={n: rs[0].get("channels", {}) for n, rs in runs.items()},
-        grpo_builder="pipeline.grpo_phase.train_grpo_on_tasks (reward: tests pass 1/0; no shaped reward yet)",
+        grpo_builder="pipeline.grpo_phase.train_grpo_on_tasks (datagen.reward.make_shaped_reward)",
         paired_vs_sft=paired_vs(runs),
         diagnostics=summarise(runs, list(DIAGNOSTICS)),
     )  # fmt: skip

@@ -223,6 +223,15 @@ def with_hint(text: str, hint: str) -> str:
     return f"{text}{ACTION_SEP}{HINT_PREFIX}{hint}"
 
 
+SOLUTION_PREFIX = "What worked here (the recorded next step): "
+
+
+def with_solution(hint: str, solution: str, max_chars: int = 800) -> str:
+    """``hint`` plus the recorded next step at the site: the privileged information OPSD's teacher gets
+    (``loss.sdpo.on_policy.privileged: recovery``); the solution is cut at ``max_chars``."""
+    return f"{hint}\n{SOLUTION_PREFIX}{solution[:max_chars]}"
+
+
 def add_hint(messages: Sequence[Mapping[str, Any]], hint: str) -> list[dict[str, Any]]:
     """A copy of ``messages`` with the hint appended to the last user message (a new one if none)."""
     msgs = [dict(m) for m in messages]

@@ -194,3 +194,46 @@ def test_sites_without_a_hint_are_kept_only_on_request(ingested):
     assert bare[0].error_kind == "user_rejected"
     with pytest.raises(ValueError, match="has no hint"):
         op.site_messages(bare[0], hinted=True)
+
+
+def test_the_teacher_prompt_is_the_students_history_plus_the_hint(ingested, tiny_tokenizer):
+    from composer_replication import encoding
+
+    tok = tiny_tokenizer
+    sites = [s for s in op.error_sites(rows(ingested / "traces.jsonl")) if len(s.turns) > 6]
+    assert sites
+    for s in sites[:5]:
+        student, teacher = op.site_prompts(tok, s, 96)
+        plain = encoding.render_prompt_ids(tok, op.site_messages(s, hinted=False))
+        hinted = encoding.render_prompt_ids(tok, op.site_messages(s, hinted=True))
+        assert student == plain[-96:] and len(plain) > 96  # the window is full: history was dropped
+        assert teacher == hinted[-(96 + len(hinted) - len(plain)) :]
+        # the teacher keeps every history token the student has, up to where the hint goes in ...
+        tail = next(k for k in range(1, len(plain)) if plain[-k:] != hinted[-k:]) - 1
+        assert teacher[: len(student) - tail] == student[: len(student) - tail]
+        assert "[HINT]" in tok.decode(teacher) and "[HINT]" not in tok.decode(student)
+        # ... where cutting both renders at the window would drop the hint's length of history
+        assert op.prompt_ids(tok, op.site_messages(s, hinted=True), 96)[:8] != student[:8]
+
+
+def test_privileged_recovery_reaches_only_the_teacher(small_data, tiny_model, tiny_tokenizer):
+    from composer_replication.config import build_config
+    from composer_replication.wire import SOLUTION_PREFIX
+
+    cfg = build_config(
+        _on_policy_cfg(small_data, loss={"sdpo": {"weight": 1.0, "on_policy": {"max_new_tokens": 4,
+                       "privileged": "recovery"}}, "preference": {"weight": 0.0}})
+    )  # fmt: skip
+    sites = op.error_sites(rows(small_data / "traces.jsonl"))
+    policy = op.OnPolicySDPO(tiny_tokenizer, sites, cfg, seed=0)
+    batch, _ = policy.batch(tiny_model, step=0, micro=0)
+    assert batch is not None
+    for s_row, t_row in zip(batch["input_ids"], batch["ctx_teacher_input_ids"], strict=True):
+        s_text, t_text = tiny_tokenizer.decode(s_row), tiny_tokenizer.decode(t_row)
+        assert SOLUTION_PREFIX.strip() in t_text and SOLUTION_PREFIX.strip() not in s_text
+    # the sampled tokens the teacher scores are the student's
+    s_tok = batch["input_ids"][batch["sdpo_student_mask"].bool()]
+    t_tok = batch["ctx_teacher_input_ids"][batch["sdpo_loss_mask"].bool()]
+    assert s_tok.tolist() == t_tok.tolist()
+    with pytest.raises(Exception, match="privileged"):
+        build_config(_on_policy_cfg(small_data, loss={"sdpo": {"on_policy": {"privileged": "answer"}}}))

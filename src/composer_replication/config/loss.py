@@ -35,6 +35,12 @@ class OnPolicyConfig(StrictModel):
     max_new_tokens: int = Field(32, ge=1, le=4096, description="tokens the student samples at an error site")
     temperature: float = Field(1.0, ge=0.0, description="student sampling temperature (0: greedy)")
     sites_per_batch: int = Field(2, ge=1, description="error sites sampled per micro-batch")
+    privileged: Literal["none", "recovery"] = Field(
+        "recovery",
+        description="what the teacher sees beyond the student's context and the hint: the recorded "
+        "recovery at the site (OPSD's privileged solution; the default: better on the validation slice "
+        "and on held-out sessions, docs/benchmarks/learning.md) or nothing (none)",
+    )
 
 
 class _SDPOBase(StrictModel):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,20 @@ def site_messages(site: ErrorSite, *, hinted: bool) -> list[dict]:
 def prompt_ids(tok: Any, messages: list[dict], max_len: int) -> list[int]:
     """Token ids of ``messages`` plus the generation prompt, oldest tokens dropped beyond ``max_len``."""
     return encoding.render_prompt_ids(tok, messages)[-max_len:]
+
+
+def site_prompts(tok: Any, site: ErrorSite, max_len: int) -> tuple[list[int], list[int] | None]:
+    """The student's prompt at ``site`` (at most ``max_len`` tokens, oldest dropped) and the teacher's
+    (None without a hint): the same history plus the hint. The hint goes at the end of the last
+    message, so dropping as many oldest tokens from the hinted render as from the plain one leaves the
+    teacher exactly the student's history; cutting both at ``max_len`` would make the hint cost the
+    teacher history the student sees (a teacher worse than its student at short windows)."""
+    full = encoding.render_prompt_ids(tok, site_messages(site, hinted=False))
+    student = full[-max_len:]
+    if not site.hint:
+        return student, None
+    hinted = encoding.render_prompt_ids(tok, site_messages(site, hinted=True))
+    return student, hinted[-(len(student) + max(0, len(hinted) - len(full))) :]
 
 
 @dataclass
@@ -294,6 +308,8 @@ class OnPolicySDPO:
             )
         self.tok, self.cfg, self.seed = tok, cfg, seed
         op = cfg.loss.sdpo.on_policy
+        if op.privileged == "recovery":  # OPSD: the teacher also sees the solution (the recorded recovery)
+            sites = [replace(s, hint=wire.with_solution(s.hint or "", s.recovery)) for s in sites]
         self.max_new, self.temperature = op.max_new_tokens, op.temperature
         self.max_prompt = max(8, cfg.data.max_seq_len - op.max_new_tokens)
         self.stream = Stream(sites, op.sites_per_batch, seed + 2)
@@ -304,8 +320,11 @@ class OnPolicySDPO:
     def batch(self, model: Any, step: int, micro: int) -> tuple[dict[str, torch.Tensor] | None, dict]:
         """The SDPO inputs for micro-batch ``micro`` of optimizer step ``step`` (0-based), plus metrics."""
         sites = self.stream.next_batch()
-        s_prompts = [prompt_ids(self.tok, site_messages(s, hinted=False), self.max_prompt) for s in sites]
-        t_prompts = [prompt_ids(self.tok, site_messages(s, hinted=True), self.max_prompt) for s in sites]
+        both = [site_prompts(self.tok, s, self.max_prompt) for s in sites]
+        s_prompts = [p for p, _ in both]
+        t_prompts = [t for _, t in both if t is not None]
+        if len(t_prompts) != len(s_prompts):
+            raise ValueError("an on-policy SDPO site has no hint (error_sites keeps only hinted sites)")
         keys = [f"{self.seed}:{step}:{micro}:{s.site_id}" for s in sites]
         missing = [i for i, k in enumerate(keys) if k not in self.cache.samples]
         if missing:

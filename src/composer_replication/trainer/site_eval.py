@@ -8,7 +8,8 @@ sites once; :meth:`SiteSet.measure` scores one model:
   over the site's tokens, then over sites (every site counts once, however long its recovery).
 - ``hinted_jsd``: generalized JSD (beta 0.5) between the model without the hint and the same model given
   the hint, on the same recovery tokens (mean over tokens, then sites): how much of the hint the model
-  has absorbed. Only at sites with a hint (``n_hinted_sites``; a rejected tool call has none).
+  has absorbed. The teacher's prompt is the student's plus the hint (``onpolicy.site_prompts``): the
+  hint never costs it history. Only at sites with a hint (``n_hinted_sites``; a rejected tool call has none).
 - ``valid_rate`` / ``tool_match_rate``: the greedy answer at the site, parsed with
   ``teacher_replay.actions`` and scored by ``wire.score_action``: a well-formed action; and a
   well-formed action calling the same tools as the recorded recovery. ``truncated_rate`` is the share
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 
 from composer_replication import encoding
-from composer_replication.trainer.onpolicy import ErrorSite, prompt_ids, site_messages
+from composer_replication.trainer.onpolicy import ErrorSite, site_messages, site_prompts
 
 METRICS = ("recovery_ce", "hinted_jsd", "valid_rate", "tool_match_rate", "pref_accuracy")
 
@@ -98,10 +99,9 @@ class SiteSet:
         for s in sites:
             msgs = site_messages(s, hinted=False)
             rec = recovery_ids(tok, msgs, s.recovery)[:max_recovery]
-            room = max(8, max_len - len(rec))
-            hinted = prompt_ids(tok, site_messages(s, hinted=True), room) if s.hint else None
+            student, hinted = site_prompts(tok, s, max(8, max_len - len(rec)))  # teacher: + the hint
             tools = list((tools_by_trace or {}).get(s.site_id.rsplit("::", 1)[0], []))
-            self.rows.append(_Row(s, prompt_ids(tok, msgs, room), hinted, rec, tools))
+            self.rows.append(_Row(s, student, hinted, rec, tools))
         eos = tok.eos_token or ""
         self.pair_rows: list[_Pair] = []
         for p in self.pairs:
