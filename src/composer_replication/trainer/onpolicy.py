@@ -3,7 +3,9 @@
 At an error site of a training trace the student samples its own continuation of the conversation (no
 hint, no gradient); the same model given the hint scores those sampled tokens as the teacher (under
 ``no_grad``, inside ``loss.sdpo_channel``), and the generalized JSD (or the TAID / EOPD wrappers) pulls
-the student towards what it would do with the hint. With ``source: recorded`` the teacher scores the
+the student towards what it would do with the hint. The teacher's prompt is the student's plus the hint
+(:func:`site_prompts`), and with ``on_policy.privileged: recovery`` (the default) the hint also carries
+the recorded recovery (``wire.with_solution``): OPSD's privileged solution. With ``source: recorded`` the teacher scores the
 recorded agent's recovery instead: tokens the student never produced, which is why that variant barely
 moves a small model (``notes/learning.md``).
 
