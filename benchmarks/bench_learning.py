@@ -57,6 +57,8 @@ def fail(msg: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from composer_replication.config.loss import RPO_ALPHA
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--train-sessions", required=True, help="folder of training session logs")
     p.add_argument("--eval-sessions", required=True, help="folder of held-out session logs")
@@ -83,6 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--privileged", choices=("none", "recovery"), default="recovery",
                    help="what the on-policy teacher sees beyond the hint (loss.sdpo.on_policy.privileged)")  # fmt: skip
     p.add_argument("--dpo-weight", type=float, default=0.1, help="beta of the preference channel")
+    p.add_argument("--rpo-alpha", type=float, default=RPO_ALPHA,
+                   help="RPO's NLL weight in the preference channel (loss.preference.rpo_alpha; 0: plain DPO)")  # fmt: skip
     p.add_argument("--grpo-steps", type=int, default=2)
     p.add_argument(
         "--max-new-tokens",
@@ -140,7 +144,8 @@ def train_config(a: argparse.Namespace, variant: dict, seed: int, data_dir: Path
         "mode": "offline", "seed": seed, "model": {"path": a.model},
         "data": {"traces": str(data_dir / "traces.jsonl"), "pairs": str(data_dir / "pairs.jsonl"),
                  "max_seq_len": a.max_seq_len, "max_dpo_seq_len": a.max_seq_len},
-        "loss": {"sdpo": sdpo, "preference": {"weight": a.dpo_weight if variant["dpo"] else 0.0}},
+        "loss": {"sdpo": sdpo, "preference": {"weight": a.dpo_weight if variant["dpo"] else 0.0,
+                                              "rpo_alpha": a.rpo_alpha}},
         "optimizer": {"lr": a.lr},
         "schedule": {"max_steps": a.steps, "batch_size": a.batch_size, "type": "cosine",
                      "warmup_steps": max(1, a.steps // 8)},

@@ -314,8 +314,10 @@ def preference_channel(
     chosen_attention_mask: torch.Tensor | None = None,
     rejected_attention_mask: torch.Tensor | None = None,
     logits_mode: LogitsMode | None = None,
+    rpo_alpha: float = 0.0,
 ) -> ChannelResult:
-    """DPO (summed log-ratios against ``ref_*_logps``) or SimPO (mean log-probs, no reference); mean per pair.
+    """DPO (summed log-ratios against ``ref_*_logps``) or SimPO (mean log-probs, no reference); mean per pair;
+    plus ``rpo_alpha`` times the chosen responses' token-mean NLL (RPO, ``losses.preference.chosen_nll``).
 
     Chosen and rejected go through the model in one forward (right-padded to a common length).
     """
@@ -348,10 +350,11 @@ def preference_channel(
         model, ids, resp, attention_mask=attn, average=variant == "simpo", logits_mode=logits_mode
     )
     chosen, rejected = logps[:b], logps[b:]
+    chosen_tokens = resp[:b, 1:].bool().sum(-1)  # the tokens sequence_logprobs scored
     loss, margin = preference.loss(
         chosen, rejected, variant=variant, ref_chosen_logps=ref_chosen_logps,
         ref_rejected_logps=ref_rejected_logps, beta=beta, simpo_beta=simpo_beta, simpo_gamma=simpo_gamma,
-        label_smoothing=label_smoothing,
+        label_smoothing=label_smoothing, rpo_alpha=rpo_alpha, chosen_tokens=chosen_tokens,
     )  # fmt: skip
     with torch.no_grad():
         metrics = {
@@ -362,4 +365,8 @@ def preference_channel(
             "pref/chosen_logps": float(chosen.mean()) if b else 0.0,
             "pref/rejected_logps": float(rejected.mean()) if b else 0.0,
         }
+        if rpo_alpha > 0:
+            metrics["pref/chosen_nll"] = float(
+                preference.chosen_nll(chosen, chosen_tokens, average=variant == "simpo")
+            )
     return ChannelResult(loss, b, metrics)

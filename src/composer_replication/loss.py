@@ -123,6 +123,7 @@ def compose_loss(
     entropy_opd_h_max: float | None = None,
     sdpo_top_k: int | None = None,
     logits_mode: LogitsMode | None = None,
+    replay_rpo_alpha: float = 0.0,
 ) -> LossComponents:
     """``total = lm_ce + alpha_sdpo · sdpo_jsd + beta_replay · trace_replay_dpo`` (see the module docstring).
 
@@ -132,6 +133,8 @@ def compose_loss(
     ``sdpo_student_mask``, ``attention_mask``, ``ctx_teacher_attention_mask``. Preference keys:
     ``dpo_{chosen,rejected}_{input_ids,response_mask}``, optional ``dpo_{chosen,rejected}_attention_mask``;
     ``dpo_variant="dpo"`` also needs ``dpo_{chosen,rejected}_ref_logprobs`` (SimPO ignores them).
+    ``replay_rpo_alpha`` > 0 adds RPO's NLL of the chosen responses to ``trace_replay_dpo``
+    (``losses.preference.chosen_nll``; TRL's ``rpo_alpha``).
 
     ``logits_mode`` (``"auto"`` default, ``"full"``, ``"chunked"``, ``"fused"``) picks how the
     vocabulary-sized part is computed: ``"fused"`` never builds the (B, T, V) logits, and ``"auto"``
@@ -140,10 +143,13 @@ def compose_loss(
 
     Raises:
         ValueError: unknown ``dpo_variant`` / ``sdpo_wrapper`` / ``logits_mode``; ``taid`` without
-            ``taid_t`` or with it outside [0, 1]; missing or mis-shaped inputs; partial channel keys.
+            ``taid_t`` or with it outside [0, 1]; missing or mis-shaped inputs; partial channel keys;
+            a negative ``replay_rpo_alpha``.
     """
     check_preference_args(dpo_variant)
     check_sdpo_wrapper(sdpo_wrapper, taid_t)
+    if replay_rpo_alpha < 0:
+        raise ValueError(f"replay_rpo_alpha={replay_rpo_alpha}: use 0 (off) or a positive RPO weight")
     for key in ("input_ids", "response_mask"):
         if key not in inputs:
             raise ValueError(
@@ -183,6 +189,7 @@ def compose_loss(
             simpo_beta=simpo_beta, simpo_gamma=simpo_gamma,
             chosen_attention_mask=inputs.get("dpo_chosen_attention_mask"),
             rejected_attention_mask=inputs.get("dpo_rejected_attention_mask"), logits_mode=mode,
+            rpo_alpha=replay_rpo_alpha,
         )  # fmt: skip
         pref_loss = pr.loss
         metrics.update(pr.metrics)

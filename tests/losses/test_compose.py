@@ -112,6 +112,42 @@ def test_simpo_variant_ignores_reference_logprobs(tiny_model, batch):
     torch.testing.assert_close(a.detach(), ref, rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("variant", ["dpo", "simpo"])
+def test_rpo_adds_the_chosen_token_mean_nll_as_trl_does(tiny_model, batch, variant):
+    """RPO (TRL's rpo_alpha / CPO's cpo_alpha): the preference loss plus alpha x F.cross_entropy over every
+    chosen response token of the batch (one token mean, not a mean of per-pair means)."""
+    tiny_model.double()
+    kw = {"dpo_variant": variant, "beta_replay": 1.0, "alpha_sdpo": 0.0}
+    plain = compose_loss(tiny_model, batch, **kw)
+    rpo = compose_loss(tiny_model, batch, **kw, replay_rpo_alpha=0.7)
+    with torch.no_grad():
+        ids, mask = batch["dpo_chosen_input_ids"], batch["dpo_chosen_response_mask"]
+        logits, labels = [], []
+        for b in range(ids.shape[0]):  # each chosen row alone, unpadded, as TRL's labels (-100 elsewhere)
+            n = int(mask[b].nonzero().max()) + 1
+            row = tiny_model(input_ids=ids[b : b + 1, :n]).logits[0].double()
+            pos = _row_positions(mask[b, :n])
+            logits.append(row[[p - 1 for p in pos]])
+            labels.append(ids[b, pos])
+        nll = F.cross_entropy(torch.cat(logits), torch.cat(labels))
+    assert len(torch.cat(labels)) == int(mask[:, 1:].sum()) and ids.shape[0] == 2  # the rows differ in length
+    torch.testing.assert_close(
+        rpo.trace_replay_dpo.double(), plain.trace_replay_dpo.double() + 0.7 * nll, rtol=1e-6, atol=0
+    )
+    torch.testing.assert_close(rpo.metrics["pref/chosen_nll"], float(nll), rtol=1e-6, atol=0)
+    assert "pref/chosen_nll" not in plain.metrics
+    # the NLL term sends gradient to the chosen likelihood: it rises along the RPO gradient
+    tiny_model.zero_grad()
+    compose_loss(tiny_model, batch, **kw, replay_rpo_alpha=50.0).total.backward()
+    grads = [p.grad.clone() for p in tiny_model.parameters()]
+    with torch.no_grad():
+        before = sequence_logprobs(tiny_model, ids, mask).sum()
+        for p, g in zip(tiny_model.parameters(), grads, strict=True):
+            p -= 1e-4 * g
+        after = sequence_logprobs(tiny_model, ids, mask).sum()
+    assert after > before
+
+
 def test_sdpo_alignment_left_padded_equals_right_padded(tiny_model, tiny_tokenizer):
     tiny_model.double()
     right = build_batch(tiny_tokenizer, variant="factorial", seed=1)
@@ -244,6 +280,7 @@ def test_build_batch_errors(tiny_tokenizer):
         ({"sdpo_wrapper": "taid"}, "taid_t"),
         ({"sdpo_wrapper": "taid", "taid_t": 1.2}, "taid_t"),
         ({"sdpo_wrapper": "taid", "taid_t": -0.1}, "taid_t"),
+        ({"replay_rpo_alpha": -0.5}, "replay_rpo_alpha"),
     ],
 )
 def test_compose_loss_bad_options(tiny_model, batch, kwargs, needle):

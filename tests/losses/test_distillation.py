@@ -132,6 +132,30 @@ def test_dpo_reference_and_trl(b, beta):
     _close(ours, _trl_dpo_sigmoid(tok, mask, ref_c, ref_r, beta))
 
 
+def test_chosen_nll_is_a_token_mean_over_the_batch():
+    from composer_replication.losses.preference import chosen_nll, loss
+
+    summed = torch.tensor([-6.0, -1.0], dtype=torch.float64)
+    n = torch.tensor([3, 1])
+    _close(chosen_nll(summed, n, average=False), 7.0 / 4)  # not the mean of per-pair means (1.5)
+    _close(chosen_nll(summed / n, n, average=True), 7.0 / 4)
+    _close(chosen_nll(summed, torch.tensor([0, 0]), average=False), 7.0)  # no token: count clamped to 1
+    with pytest.raises(ValueError, match="chosen_tokens"):
+        chosen_nll(summed, n[:1], average=False)
+    ref = torch.tensor([-5.0, -2.0], dtype=torch.float64)
+    rej = torch.tensor([-4.0, -3.0], dtype=torch.float64)
+    plain, margin = loss(summed, rej, ref_chosen_logps=ref, ref_rejected_logps=ref)
+    rpo, margin2 = loss(
+        summed, rej, ref_chosen_logps=ref, ref_rejected_logps=ref, rpo_alpha=2.0, chosen_tokens=n
+    )
+    _close(rpo, plain + 2.0 * 7.0 / 4)
+    _close(margin, margin2)
+    with pytest.raises(ValueError, match="chosen_tokens"):
+        loss(summed, rej, ref_chosen_logps=ref, ref_rejected_logps=ref, rpo_alpha=1.0)
+    with pytest.raises(ValueError, match="rpo_alpha"):
+        loss(summed, rej, ref_chosen_logps=ref, ref_rejected_logps=ref, rpo_alpha=-1.0, chosen_tokens=n)
+
+
 def test_preference_losses_gradcheck_and_errors():
     g = _g(5)
     xs = [torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(4)]

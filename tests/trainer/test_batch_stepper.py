@@ -10,6 +10,7 @@ import torch
 
 from composer_replication.batch import VARIANTS, build_batch
 from composer_replication.config import ConfigError, build_config
+from composer_replication.config.loss import RPO_ALPHA
 from composer_replication.loss import compose_loss
 from composer_replication.trainer.batch_stepper import batch_config, batch_stepper
 
@@ -29,7 +30,15 @@ def test_two_steps_match_a_loop_written_out(tiny_model, tiny_tokenizer):
 
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, weight_decay=0.01, foreach=False)
     for row, batch in zip(rows, batches):  # the reference: compose_loss, backward, clip, AdamW, by hand
-        out = compose_loss(ref, batch, alpha_sdpo=0.3, beta_replay=0.2, dpo_variant="simpo", simpo_beta=1.5)
+        out = compose_loss(
+            ref,
+            batch,
+            alpha_sdpo=0.3,
+            beta_replay=0.2,
+            dpo_variant="simpo",
+            simpo_beta=1.5,
+            replay_rpo_alpha=RPO_ALPHA,
+        )
         opt.zero_grad()
         out.total.backward()
         torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)

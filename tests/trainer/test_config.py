@@ -35,6 +35,17 @@ def test_defaults_and_relative_paths(data_files):
     )
 
 
+def test_rpo_alpha_reaches_the_loss_and_the_grpo_trainer_arguments(data_files):
+    from composer_replication.config.loss import RPO_ALPHA
+
+    cfg = load_config(write_yaml(data_files, "data: {pairs: pairs.jsonl}\n"))
+    assert cfg.loss.compose_loss_kwargs()["replay_rpo_alpha"] == RPO_ALPHA
+    cfg = load_config(
+        write_yaml(data_files, "data: {pairs: pairs.jsonl}\nloss: {preference: {rpo_alpha: 0}}\n")
+    )
+    assert cfg.loss.compose_loss_kwargs()["replay_rpo_alpha"] == 0.0
+
+
 @pytest.mark.parametrize(
     "text, field, words",
     [
@@ -54,6 +65,11 @@ def test_defaults_and_relative_paths(data_files):
             "data: {pairs: pairs.jsonl}\nloss: {preference: {weight: -1}}\n",
             "loss.preference.weight",
             "greater than",
+        ),
+        (
+            "data: {pairs: pairs.jsonl}\nloss: {preference: {type: simpo, rpo_alpha: -1}}\n",
+            "loss.preference.rpo_alpha",
+            "greater than or equal to 0",
         ),
         ("data: {pairs: pairs.jsonl}\ngrpo: {objective: ppo}\n", "grpo.objective", "dr_grpo"),
         ("data: {pairs: missing.jsonl}\n", "data.pairs", "file not found"),

@@ -110,8 +110,18 @@ class EntropyOPDSDPO(_SDPOBase):
 SDPOConfig = Annotated[GJSDSDPO | TAIDSDPO | EntropyOPDSDPO, Field(discriminator="type")]
 
 
+# the preference channel's default NLL weight: docs/training.md, "How the defaults were chosen"
+RPO_ALPHA = 1.0
+
+
 class _PreferenceBase(StrictModel):
     weight: float = Field(0.05, ge=0.0, description="beta: weight of the preference channel; 0 disables")
+    rpo_alpha: float = Field(
+        RPO_ALPHA,
+        ge=0.0,
+        description="RPO (arXiv 2404.19733; TRL's rpo_alpha): adds alpha x the chosen responses' NLL to the "
+        "preference loss, so the chosen likelihood does not fall with the rejected one; 0: plain DPO/SimPO",
+    )
 
     # ``compose_loss``'s arguments; a variant overrides the ones it sets (others keep the loss defaults).
     @property
@@ -247,6 +257,7 @@ class LossConfig(StrictModel):
             sdpo_wrapper=s.wrapper, sdpo_jsd_beta=s.jsd_beta, sdpo_temperature=s.temperature,
             sdpo_token_clip=s.token_clip, entropy_opd_h_max=s.entropy_opd_h_max,
             dpo_variant=p.variant, replay_dpo_beta=p.dpo_beta, simpo_beta=p.simpo_beta, simpo_gamma=p.simpo_gamma,
+            replay_rpo_alpha=p.rpo_alpha,
         )  # fmt: skip
 
     @field_validator("sdpo", mode="before")

@@ -15,6 +15,12 @@
   with no reference model; ``γ`` is the absolute margin (the SimPO repo's ``gamma_beta_ratio`` is γ/β).
 
 Both: ``L = -(1-ε)·log σ(z) - ε·log σ(-z)`` (ε = label smoothing, default 0), mean over the B pairs.
+
+- RPO: Pang et al., "Iterative Reasoning Preference Optimization" (NeurIPS 2024, arXiv 2404.19733),
+  Eq. 1: ``L + α·NLL(y_w)``, the chosen responses' negative log-likelihood (mean over all their tokens
+  in the batch, as TRL 1.16 ``DPOTrainer`` with ``rpo_alpha=α`` and ``CPOTrainer``'s ``cpo_alpha`` for
+  SimPO). Plain DPO can lower the chosen response's likelihood along with the rejected one's; the NLL term
+  keeps it up. ``α = 0`` (the default here) is the plain loss.
 Shapes: every log-probability input is ``(B,)``; ``logprobs_BT``, ``mask_BT`` are ``(B, T)``. The
 vocabulary-sized part (the sequence log-probs) is `losses.ce.logprobs` on any engine.
 """
@@ -24,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["VARIANTS", "avg_sequence_logprob", "check_args", "dpo_loss", "loss", "simpo_loss"]
+__all__ = ["VARIANTS", "avg_sequence_logprob", "check_args", "chosen_nll", "dpo_loss", "loss", "simpo_loss"]
 
 VARIANTS = ("dpo", "simpo")
 
@@ -129,6 +135,26 @@ def avg_sequence_logprob(model_logprobs: torch.Tensor, response_mask: torch.Tens
     return summed / m.sum(-1).clamp_min(1).to(summed.dtype)
 
 
+def chosen_nll(chosen_logps: torch.Tensor, chosen_tokens: torch.Tensor, *, average: bool) -> torch.Tensor:
+    """RPO's NLL term: ``-Σ log π(y_w) / Σ |y_w|`` over the batch (token mean, as TRL's ``nll_loss``).
+
+    ``chosen_logps`` ``(B,)`` are summed (``average=False``, DPO) or per-token mean (``average=True``,
+    SimPO) log-probs; ``chosen_tokens`` ``(B,)`` counts each chosen response's scored tokens. 0 (with a
+    gradient) when no token is scored.
+
+    Raises:
+        ValueError: shapes differ or are not (B,).
+    """
+    if chosen_logps.dim() != 1 or chosen_tokens.shape != chosen_logps.shape:
+        raise ValueError(
+            f"chosen_logps {tuple(chosen_logps.shape)} and chosen_tokens {tuple(chosen_tokens.shape)} "
+            "must both be (B,)"
+        )
+    n = chosen_tokens.to(chosen_logps.dtype)
+    summed = chosen_logps * n if average else chosen_logps
+    return -summed.sum() / n.sum().clamp_min(1)
+
+
 def loss(
     chosen_logps: torch.Tensor,
     rejected_logps: torch.Tensor,
@@ -140,20 +166,36 @@ def loss(
     simpo_beta: float = 2.0,
     simpo_gamma: float = 1.0,
     label_smoothing: float = 0.0,
+    rpo_alpha: float = 0.0,
+    chosen_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(mean loss, per-pair margin z)`` of ``variant``: DPO on summed log-probs against the reference's
-    (``beta``), or SimPO on mean log-probs (``simpo_beta``, ``simpo_gamma``; references unused).
+    (``beta``), or SimPO on mean log-probs (``simpo_beta``, ``simpo_gamma``; references unused); plus
+    ``rpo_alpha`` times :func:`chosen_nll` (which needs ``chosen_tokens``) when ``rpo_alpha > 0``.
 
     Raises:
-        ValueError: unknown ``variant``; DPO without both reference log-probs; bad shapes or dtypes.
+        ValueError: unknown ``variant``; DPO without both reference log-probs; bad shapes or dtypes;
+            ``rpo_alpha`` negative, or positive without ``chosen_tokens``.
     """
     check_args(variant, ref_chosen_logps, ref_rejected_logps)
+    if rpo_alpha < 0 or (rpo_alpha > 0 and chosen_tokens is None):
+        raise ValueError(
+            f"rpo_alpha={rpo_alpha}: use 0 (off) or a positive weight, with chosen_tokens (B,) counting each "
+            "chosen response's scored tokens"
+        )
     if variant == "simpo":
         value = simpo_loss(
             chosen_logps, rejected_logps, beta=simpo_beta, gamma=simpo_gamma, label_smoothing=label_smoothing
         )
-        return value, simpo_beta * (chosen_logps - rejected_logps) - simpo_gamma
-    assert ref_chosen_logps is not None and ref_rejected_logps is not None  # check_args: DPO has both
-    ref_c, ref_r = ref_chosen_logps.to(chosen_logps.dtype), ref_rejected_logps.to(chosen_logps.dtype)
-    value = dpo_loss(chosen_logps, rejected_logps, ref_c, ref_r, beta=beta, label_smoothing=label_smoothing)
-    return value, _dpo_margin(chosen_logps, rejected_logps, ref_c, ref_r, beta)
+        margin = simpo_beta * (chosen_logps - rejected_logps) - simpo_gamma
+    else:
+        assert ref_chosen_logps is not None and ref_rejected_logps is not None  # check_args: DPO has both
+        ref_c, ref_r = ref_chosen_logps.to(chosen_logps.dtype), ref_rejected_logps.to(chosen_logps.dtype)
+        value = dpo_loss(
+            chosen_logps, rejected_logps, ref_c, ref_r, beta=beta, label_smoothing=label_smoothing
+        )
+        margin = _dpo_margin(chosen_logps, rejected_logps, ref_c, ref_r, beta)
+    if rpo_alpha > 0:
+        assert chosen_tokens is not None
+        value = value + rpo_alpha * chosen_nll(chosen_logps, chosen_tokens, average=variant == "simpo")
+    return value, margin

@@ -94,6 +94,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         sdpo_wrapper: str = "none",
         entropy_opd_h_max: float | None = None,
         sdpo_taid: Any = None,
+        replay_rpo_alpha: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -121,6 +122,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
             raise ValueError(f"dpo_variant {dpo_variant!r}: use 'dpo' or 'simpo'")
         self.dpo_variant = cast(Literal["dpo", "simpo"], dpo_variant)
         self.simpo_beta, self.simpo_gamma = simpo_beta, simpo_gamma
+        if replay_rpo_alpha < 0:
+            raise ValueError(f"replay_rpo_alpha={replay_rpo_alpha}: use 0 (off) or a positive RPO weight")
+        self.replay_rpo_alpha = replay_rpo_alpha
         self.composer_kl_coef = composer_kl_coef
         self.max_dpo_seq_len = max_dpo_seq_len
         self._ref_logps_cache: dict[str, tuple[float, float]] = {}
@@ -356,6 +360,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             beta=self.replay_dpo_beta,
             simpo_beta=self.simpo_beta,
             simpo_gamma=self.simpo_gamma,
+            rpo_alpha=self.replay_rpo_alpha,
         )
         self._channel_metrics.update(res.metrics)
         n = torch.tensor(float(res.count), device=res.loss.device)
