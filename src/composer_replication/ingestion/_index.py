@@ -17,8 +17,10 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -125,14 +127,41 @@ def append_part(path: Path, keep: int, complete: bytes, tail: bytes) -> None:
 # -- uuid digests (cross-file duplicates of resumed sessions) -------------------------------------------------
 
 
+_DIGEST = struct.Struct("<I16s")  # item index, 16-byte digest of its uuid
+
+
 def uuid_digests(items: list[dict[str, Any]]) -> bytes:
     """``(item index, 16-byte digest of its uuid)`` for every item with a uuid, packed (20 bytes each)."""
-    out = bytearray()
-    for i, it in enumerate(items):
-        u = it.get("u")
-        if u is not None:
-            out += i.to_bytes(4, "little") + _uuid_bytes(u)
+    idx = [i for i, it in enumerate(items) if it.get("u") is not None]
+    uuids = [items[i]["u"] for i in idx]
+    digests = _all_uuid_bytes(uuids)
+    if digests is None:
+        return b"".join([_DIGEST.pack(i, _uuid_bytes(u)) for i, u in zip(idx, uuids, strict=True)])
+    # The 20-byte records interleaved by strided copies, not a Python step per item.
+    n = len(idx)
+    indices = struct.pack(f"<{n}I", *idx)
+    out = bytearray(20 * n)
+    for j in range(4):
+        out[j::20] = indices[j::4]
+    for j in range(16):
+        out[4 + j :: 20] = digests[j::16]
     return bytes(out)
+
+
+def _all_uuid_bytes(uuids: list[Any]) -> bytes | None:
+    """``_uuid_bytes`` of every uuid, concatenated, from one ``fromhex`` when each is a UUID (36 characters,
+    4 dashes, 32 hex digits: what Claude Code writes); else ``None``. The checks are per uuid, so one
+    ``fromhex`` of them all, dashes removed, gives each its own 16 bytes (it skips whitespace, but then the
+    32 digits per uuid would not all be there)."""
+    if not uuids or set(map(type, uuids)) != {str} or set(map(len, uuids)) != {36}:
+        return None
+    if set(map(str.count, uuids, itertools.repeat("-"))) != {4}:
+        return None
+    try:
+        digests = bytes.fromhex("".join(uuids).replace("-", ""))
+    except ValueError:
+        return None
+    return digests if len(digests) == 16 * len(uuids) else None
 
 
 def _uuid_bytes(u: str) -> bytes:
@@ -148,10 +177,7 @@ def _uuid_bytes(u: str) -> bytes:
 
 
 def iter_digests(packed: bytes) -> list[tuple[int, bytes]]:
-    return [
-        (int.from_bytes(packed[k : k + 4], "little"), packed[k + 4 : k + 20])
-        for k in range(0, len(packed), 20)
-    ]
+    return list(_DIGEST.iter_unpack(packed))
 
 
 def to_ranges(indices: set[int]) -> list[list[int]]:
