@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from composer_replication.ingestion import _json
 from composer_replication.ingestion._build import Trace, build_traces, example_row, state_rows
 from composer_replication.ingestion._files import SessionFileError, read_session_bytes
+from composer_replication.ingestion._json import orjson as _orjson
 from composer_replication.ingestion._reader import iter_records, json_depth_exceeds, note_line
 from composer_replication.ingestion._session import (
     BuildOptions,
@@ -176,24 +176,30 @@ class SessionIngester:
 
     def _tool_input(self, value: Any) -> Any:
         """A tool call's input, redacted; refuses absurd nesting (every encoder downstream has a depth limit)."""
-        if (
-            isinstance(value, (dict, list))
-            and _may_nest_deeper(value)
-            and json_depth_exceeds(value, MAX_INPUT_DEPTH)
-        ):
+        if not isinstance(value, (dict, list)):
+            return self.redactor.redact_obj(value)
+        encoded = _encoded(value)  # one encoding bounds the depth and is scanned for secrets
+        if _may_nest_deeper(encoded) and json_depth_exceeds(value, MAX_INPUT_DEPTH):
             raise ValueError(f"tool input nested deeper than {MAX_INPUT_DEPTH} levels")
-        return self.redactor.redact_obj(value)
+        return self.redactor.redact_json(value, encoded)
 
 
-def _may_nest_deeper(value: Any) -> bool:
-    """False when ``value`` cannot nest deeper than ``MAX_INPUT_DEPTH``: its JSON text has no more brackets
-    than that (each level opens one; brackets inside strings only raise the count). A cheap C-level bound
-    that spares the Python walk of :func:`json_depth_exceeds` for the ordinary, shallow tool input."""
+def _encoded(value: dict[str, Any] | list[Any]) -> bytes | None:
+    """``value``'s compact JSON, or ``None`` when orjson cannot encode it (nested past its limit, lone
+    surrogates, integers over 64 bits)."""
+    if _orjson is None:  # optional: tool inputs are then walked
+        return None
     try:
-        blob = _json.dumps(value)
-    except (TypeError, ValueError):  # nested past the encoder's own limit, or not encodable: walk it
-        return True
-    return blob.count(b"{") + blob.count(b"[") > MAX_INPUT_DEPTH
+        return _orjson.dumps(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _may_nest_deeper(encoded: bytes | None) -> bool:
+    """False when a value cannot nest deeper than ``MAX_INPUT_DEPTH``: its JSON text (``encoded``) has no more
+    brackets than that (each level opens one; brackets inside strings only raise the count). A cheap C-level
+    bound that spares the Python walk of :func:`json_depth_exceeds` for the ordinary, shallow tool input."""
+    return encoded is None or encoded.count(b"{") + encoded.count(b"[") > MAX_INPUT_DEPTH
 
 
 def _type_name(rec: dict[str, Any]) -> str:

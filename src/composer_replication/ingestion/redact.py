@@ -132,6 +132,10 @@ class _RustScanner:
         )
         self._fallback = fallback
 
+    def any_in(self, data: bytes) -> bool:
+        """Whether any anchor occurs in ``data`` (UTF-8 bytes)."""
+        return bool(self._ac.find_matches_as_indexes(data, overlapping=False))
+
     def iter(self, text: str) -> Iterator[tuple[int, str]]:
         try:
             data = text.encode()
@@ -295,6 +299,13 @@ class Redactor:
             return obj  # nothing in it can match: the same value (not a copy)
         return self._redact_walk(obj)
 
+    def redact_json(self, obj: dict[str, Any] | list[Any], encoded: bytes | None) -> Any:
+        """:meth:`redact_obj` of a dict or list whose compact JSON the caller already has (``orjson.dumps(obj)``;
+        ``None`` when it could not be encoded): that text is scanned as it is, not encoded again."""
+        if not self.enabled or (encoded is not None and _clean_json_text(encoded)):
+            return obj
+        return self._redact_walk(obj)
+
     def _redact_walk(self, obj: Any) -> Any:
         if isinstance(obj, str):
             return self.redact(obj)
@@ -327,11 +338,19 @@ def _clean_json_value(obj: Any) -> bool:
     if _orjson is None:
         return False
     try:
-        text = _orjson.dumps(obj).decode()
+        encoded = _orjson.dumps(obj)
     except (TypeError, ValueError):  # lone surrogates, integers over 64 bits, nesting past orjson's limit
         return False
-    if "\\\\\\n" in text or "\\\\\\r" in text:
+    return _clean_json_text(encoded)
+
+
+def _clean_json_text(encoded: bytes) -> bool:
+    """:func:`_clean_json_value` from the value's compact JSON (UTF-8 bytes, as orjson writes it)."""
+    if b"\\\\\\n" in encoded or b"\\\\\\r" in encoded:
         return False
+    if isinstance(_AUTOMATON, _RustScanner):
+        return not _AUTOMATON.any_in(encoded)
+    text = encoded.decode()
     if _AUTOMATON is not None:
         return next(iter(_AUTOMATON.iter(text)), None) is None
     return next(_find_hits(text), None) is None
