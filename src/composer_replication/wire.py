@@ -86,7 +86,11 @@ class ParsedAction:
 
 def format_tool_use(name: str, args: Any) -> str:
     """One tool call as its action line (the JSON on one line: newlines inside strings are escaped)."""
-    return f"{TOOL_USE_TAG} name={name} input={json.dumps(args, ensure_ascii=False)}"
+    return f"{TOOL_USE_TAG} name={name} input={_encode_args(args)}"
+
+
+# ``json.dumps(args, ensure_ascii=False)``'s encoder, built once (dumps builds one per call with those options).
+_encode_args = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def format_thinking(text: str) -> str:
