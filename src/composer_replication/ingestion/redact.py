@@ -266,7 +266,7 @@ class Redactor:
     def redact(self, text: str) -> str:
         if not self.enabled or len(text) < 6:
             return text
-        if "\\\n" in text or "\\\r\n" in text:
+        if "\\" in text and ("\\\n" in text or "\\\r\n" in text):  # one fast scan for the usual text
             joined, cuts = _joined(text)
             spans = [
                 (_to_original(s, cuts), _to_original(e - 1, cuts) + 1, p, n) for s, e, p, n in _spans(joined)
