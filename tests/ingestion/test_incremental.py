@@ -173,3 +173,42 @@ def test_worker_processes_give_the_same_bytes(tmp_path: Path) -> None:
     three = ingest_paths([src], tmp_path / "two", jobs=2)
     assert [f["status"] for f in three["files"]].count("unchanged") == len(three["files"]) - 1
     _same_as_fresh(src, tmp_path / "two", tmp_path)
+
+
+def test_uuid_digests_of_all_uuids_at_once_equal_the_per_uuid_digests() -> None:
+    """The one-fromhex path (every uuid a UUID) packs the bytes the per-uuid path packs; near-UUIDs (a dash
+    moved, a space, a non-hex digit, other lengths) send the whole part to the per-uuid path."""
+    import random
+    import struct
+    import uuid
+
+    from composer_replication.ingestion import _index as ix
+
+    def per_uuid(items: list[dict]) -> bytes:
+        return b"".join(
+            struct.pack("<I", i) + ix._uuid_bytes(it["u"])
+            for i, it in enumerate(items)
+            if it.get("u") is not None
+        )
+
+    rng = random.Random(5)
+    odd = [lambda u: u[:9] + "-" + u[10:], lambda u: u[:3] + " " + u[4:], lambda u: u[:8] + "g" + u[9:],
+           lambda u: u.replace("-", "") + "----", lambda u: u[:35], lambda u: "x" + u, lambda u: u.upper()]  # fmt: skip
+    bulk = 0
+    for trial in range(400):
+        items: list[dict] = []
+        for _ in range(rng.randint(0, 40)):
+            u = str(uuid.UUID(int=rng.getrandbits(128)))
+            r = rng.random()
+            items.append({"t": "x"} if r < 0.1 else {"u": None} if r < 0.15 else {"u": u})
+        if trial % 2 and items:
+            items[rng.randrange(len(items))] = {"u": rng.choice(odd)(str(uuid.uuid4()))}
+        uuids = [it["u"] for it in items if it.get("u") is not None]
+        bulk += ix._all_uuid_bytes(uuids) is not None
+        packed = ix.uuid_digests(items)
+        assert packed == per_uuid(items), items
+        assert ix.iter_digests(packed) == [
+            (int.from_bytes(packed[k : k + 4], "little"), packed[k + 4 : k + 20])
+            for k in range(0, len(packed), 20)
+        ]
+    assert 100 < bulk < 400  # both paths ran

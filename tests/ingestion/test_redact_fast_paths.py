@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import string
 
+import orjson
 import pytest
 
 from composer_replication.ingestion import redact as R
@@ -81,6 +82,31 @@ def test_redact_obj_check_equals_the_walk() -> None:
     for v in _values():
         total.redact_obj(v)
     assert total.counts["github_token"] >= 8 and total.counts["gcp_private_key_id"] == 1
+
+
+def _encoded(v):
+    try:
+        return orjson.dumps(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def test_redact_json_from_the_callers_encoding_equals_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bytes the parser already encoded (scanned as they are) decide as the walk does, with every scanner."""
+    engines = [R._AUTOMATON, getattr(R._AUTOMATON, "_fallback", None), None]
+    for e in engines:
+        monkeypatch.setattr(R, "_AUTOMATON", e)
+        for v in _values():
+            if not isinstance(v, (dict, list)):
+                continue
+            fast, walk = Redactor(), Redactor()
+            got = fast.redact_json(v, _encoded(v))
+            assert got == walk._redact_walk(v), v
+            assert fast.counts == walk.counts, v
+            if not walk.counts:
+                assert got is v  # clean: the value itself, not a copy
+    v = _values()[1]
+    assert Redactor(enabled=False).redact_json(v, None) is v
 
 
 def test_redact_obj_with_redaction_off_returns_the_value() -> None:
