@@ -20,7 +20,6 @@ from typing import Any
 
 from composer_replication.ingestion._build import Trace, build_traces, example_row, state_rows
 from composer_replication.ingestion._files import SessionFileError, read_session_bytes
-from composer_replication.ingestion._json import orjson as _orjson
 from composer_replication.ingestion._reader import iter_records, json_depth_exceeds, note_line
 from composer_replication.ingestion._session import (
     BuildOptions,
@@ -29,7 +28,7 @@ from composer_replication.ingestion._session import (
     estimate_tokens,
 )
 from composer_replication.ingestion.errors import classify_error, detect_failure
-from composer_replication.ingestion.redact import Redactor
+from composer_replication.ingestion.redact import Redactor, compact_json
 from composer_replication.wire import SYSTEM_PROMPT
 
 MAX_INPUT_DEPTH = 100
@@ -178,21 +177,10 @@ class SessionIngester:
         """A tool call's input, redacted; refuses absurd nesting (every encoder downstream has a depth limit)."""
         if not isinstance(value, (dict, list)):
             return self.redactor.redact_obj(value)
-        encoded = _encoded(value)  # one encoding bounds the depth and is scanned for secrets
+        encoded = compact_json(value)  # one encoding bounds the depth and is scanned for secrets
         if _may_nest_deeper(encoded) and json_depth_exceeds(value, MAX_INPUT_DEPTH):
             raise ValueError(f"tool input nested deeper than {MAX_INPUT_DEPTH} levels")
         return self.redactor.redact_json(value, encoded)
-
-
-def _encoded(value: dict[str, Any] | list[Any]) -> bytes | None:
-    """``value``'s compact JSON, or ``None`` when orjson cannot encode it (nested past its limit, lone
-    surrogates, integers over 64 bits)."""
-    if _orjson is None:  # optional: tool inputs are then walked
-        return None
-    try:
-        return _orjson.dumps(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _may_nest_deeper(encoded: bytes | None) -> bool:

@@ -295,15 +295,17 @@ class Redactor:
         """Redact every string inside a JSON-like value, dict keys included."""
         if isinstance(obj, str):
             return self.redact(obj)
-        if not self.enabled or (isinstance(obj, (dict, list)) and _clean_json_value(obj)):
-            return obj  # nothing in it can match: the same value (not a copy)
+        if not self.enabled:
+            return obj
+        if isinstance(obj, (dict, list)):
+            return self.redact_json(obj, compact_json(obj))
         return self._redact_walk(obj)
 
     def redact_json(self, obj: dict[str, Any] | list[Any], encoded: bytes | None) -> Any:
         """:meth:`redact_obj` of a dict or list whose compact JSON the caller already has (``orjson.dumps(obj)``;
         ``None`` when it could not be encoded): that text is scanned as it is, not encoded again."""
         if not self.enabled or (encoded is not None and _clean_json_text(encoded)):
-            return obj
+            return obj  # nothing in it can match: the same value (not a copy)
         return self._redact_walk(obj)
 
     def _redact_walk(self, obj: Any) -> Any:
@@ -326,8 +328,21 @@ class Redactor:
         return obj
 
 
-def _clean_json_value(obj: Any) -> bool:
-    """True when no string (key or value) inside ``obj`` can hold a secret, from one scan of its JSON text.
+def compact_json(obj: Any) -> bytes | None:
+    """``obj``'s compact JSON as orjson writes it, or ``None`` when orjson is absent or cannot encode it
+    (lone surrogates, integers over 64 bits, nesting past its limit): the text :meth:`Redactor.redact_json`
+    scans, and the ingester's cheap depth bound."""
+    if _orjson is None:
+        return None
+    try:
+        return _orjson.dumps(obj)
+    except (TypeError, ValueError):
+        return None
+
+
+def _clean_json_text(encoded: bytes) -> bool:
+    """True when no string (key or value) of the value whose compact JSON is ``encoded`` (:func:`compact_json`)
+    can hold a secret, from one scan of that text.
 
     Every rule starts at an anchor (a short literal), and an anchor inside a string is also a substring of the
     compact JSON encoding: only ``"``, ``\\`` and control characters are escaped there, and the one anchor with
@@ -335,17 +350,6 @@ def _clean_json_value(obj: Any) -> bool:
     ``redact`` removes before scanning, so it can join an anchor) shows as ``\\\\\\n`` or ``\\\\\\r``: such
     values, values orjson cannot encode, and values with any anchor take the string-by-string walk.
     """
-    if _orjson is None:
-        return False
-    try:
-        encoded = _orjson.dumps(obj)
-    except (TypeError, ValueError):  # lone surrogates, integers over 64 bits, nesting past orjson's limit
-        return False
-    return _clean_json_text(encoded)
-
-
-def _clean_json_text(encoded: bytes) -> bool:
-    """:func:`_clean_json_value` from the value's compact JSON (UTF-8 bytes, as orjson writes it)."""
     if b"\\\\\\n" in encoded or b"\\\\\\r" in encoded:
         return False
     if isinstance(_AUTOMATON, _RustScanner):
