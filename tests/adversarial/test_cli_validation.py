@@ -155,3 +155,21 @@ def test_validate_accepts_both_config_kinds(tmp_path, capsys):
     bad = _run_config(tmp_path, max_tokens=0)
     err = _error(capsys, ["validate", str(bad)])
     assert "replay.max_tokens" in err
+
+
+@pytest.mark.parametrize("value", ["1e400", ".inf", "-.inf", ".nan"])
+def test_non_finite_numbers_in_a_config_are_refused_by_field(tmp_path, capsys, value):
+    """YAML reads 1e400 as infinity: a dollar cap or a loss weight of inf (or NaN) is refused by name before
+    anything runs, in a run config and in a train config."""
+    from composer_replication.config import ConfigError, load_config
+
+    cfg = _run_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace("max_tokens: 64", f"max_tokens: 64\n  max_total_usd: {value}"))
+    err = _error(capsys, ["run", str(cfg), "--out", str(tmp_path / "r")])
+    assert "replay.max_total_usd" in err and "run.yaml" in err and not (tmp_path / "r").exists()
+    (tmp_path / "pairs.jsonl").write_text("")
+    train = tmp_path / "train.yaml"
+    train.write_text(f"data: {{pairs: pairs.jsonl}}\nloss: {{preference: {{rpo_alpha: {value}}}}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(train)
+    assert "loss.preference.rpo_alpha" in str(e.value) and "train.yaml" in str(e.value)

@@ -36,9 +36,10 @@ class ConfigError(ValueError):
 
 
 class StrictModel(BaseModel):
-    """Base of every config section: unknown keys are errors, assignments are validated."""
+    """Base of every config section: unknown keys are errors, assignments are validated, and no number is
+    infinite or NaN (``1e400`` reads as infinity: a loss weight or a dollar cap of inf is never meant)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def check_base_url(url: str, who: str = "base_url") -> str:
