@@ -133,7 +133,12 @@ def _file_meta(items: list[dict[str, Any]]) -> dict[str, Any]:
 def _active_branch(recs: list[dict[str, Any]], stats: IngestionStats) -> list[dict[str, Any]]:
     """Items on the branch that ends at the last turn, plus parallel-call siblings of that branch."""
     by_uuid = {it["u"]: it for it in recs if "u" in it}
-    leaf = next((it for it in reversed(recs) if it["t"] in _CHAT and "u" in it), None)
+    leaf: dict[str, Any] | None = None
+    # An index loop, not reversed(recs): mypyc 2.4 fails on that (docs/benchmarks/ingestion.md, fourth pass).
+    for i in range(len(recs) - 1, -1, -1):
+        if recs[i]["t"] in _CHAT and "u" in recs[i]:
+            leaf = recs[i]
+            break
     if leaf is None or not by_uuid:
         return recs
     chain: set[str] = set()

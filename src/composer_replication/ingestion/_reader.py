@@ -106,7 +106,7 @@ def _slow_parse(line: bytes, stats: IngestionStats, lineno: int) -> Any:
 
 
 _SURROGATE_ESC = re.compile(r"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}")
-_LONE = re.compile("[\ud800-\udfff]")
+_LONE = re.compile(f"[{chr(0xD800)}-{chr(0xDFFF)}]")  # lone surrogates (mypyc takes no surrogate literal)
 
 
 def _has_surrogate(text: str) -> bool:
