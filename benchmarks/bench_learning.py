@@ -77,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-layers", type=int, default=8,
                    help="adapt only the last N transformer layers (backward stops below them); 0 = all")  # fmt: skip
     p.add_argument("--max-seq-len", type=int, default=256)
+    p.add_argument("--whole-responses", action="store_true",
+                   help="rows end at their last response that fits whole (data.whole_responses)")  # fmt: skip
     p.add_argument("--sdpo-weight", type=float, default=1.0, help="alpha of the SDPO channel")
     p.add_argument("--sdpo-source", choices=("recorded", "on_policy"), default="on_policy",
                    help="SDPO source of the full recipe (sft+sdpo+dpo, +grpo)")  # fmt: skip
@@ -143,7 +145,8 @@ def train_config(a: argparse.Namespace, variant: dict, seed: int, data_dir: Path
     return {
         "mode": "offline", "seed": seed, "model": {"path": a.model},
         "data": {"traces": str(data_dir / "traces.jsonl"), "pairs": str(data_dir / "pairs.jsonl"),
-                 "max_seq_len": a.max_seq_len, "max_dpo_seq_len": a.max_seq_len},
+                 "max_seq_len": a.max_seq_len, "max_dpo_seq_len": a.max_seq_len,
+                 "whole_responses": a.whole_responses},
         "loss": {"sdpo": sdpo, "preference": {"weight": a.dpo_weight if variant["dpo"] else 0.0,
                                               "rpo_alpha": a.rpo_alpha}},
         "optimizer": {"lr": a.lr},
@@ -227,9 +230,15 @@ def grpo_phase(model: Any, tok: Any, a: argparse.Namespace, seed: int, work: Pat
 # ----------------------------------------------------------------------------- runs
 
 
+# What measuring depends on: the base model's run is keyed by these alone (training flags do not move it).
+EVAL_SETTINGS = ("model", "max_seq_len", "max_new_tokens", "eval_batch", "sandbox_new_tokens", "sandbox_tasks")
+
+
 def run_key(a: argparse.Namespace, name: str, seed: int, data_hash: str) -> str:
     variant = VARIANTS[name]
     settings = {k: v for k, v in vars(a).items() if k not in ("out", "seeds", "quick", "variants", "metrics")}
+    if variant is None:
+        settings = {k: settings[k] for k in EVAL_SETTINGS}
     blob = json.dumps([name, variant, seed if variant else None, data_hash, settings, sorted(a.metrics)],
                       sort_keys=True, default=str)  # fmt: skip
     return hashlib.sha256(blob.encode()).hexdigest()[:20]

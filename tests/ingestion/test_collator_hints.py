@@ -173,6 +173,38 @@ def test_rows_never_exceed_the_cap_trailing_output_goes_first(tiny_tokenizer) ->
     assert not bool(out["response_mask"][0, 0])
 
 
+def test_whole_responses_end_the_row_at_the_last_response_that_fits(tiny_tokenizer) -> None:
+    # The last response is longer than the cap: by default its first tokens are the target (an action that
+    # never ends); with whole_responses the row ends at the earlier response that fits, closed by its
+    # end-of-turn token, and the long one is not in the row at all.
+    turns = [
+        {"role": "user", "content": "fix the test"},
+        {"role": "assistant", "content": "running it"},
+        {"role": "tool", "content": "FAILED test_x", "tool_error": "FAILED test_x"},
+        {"role": "assistant", "content": "word " * 300},
+    ]
+    cut = ComposerDataCollator(tiny_tokenizer, CollatorConfig(max_seq_len=64))(
+        [{"trace_id": "x", "turns": turns}]
+    )
+    target = tiny_tokenizer.decode(cut["input_ids"][0][cut["response_mask"][0].bool()])
+    assert target.startswith("word word") and "<|im_end|>" not in target
+    col = ComposerDataCollator(tiny_tokenizer, CollatorConfig(max_seq_len=64, whole_responses=True))
+    out = col([{"trace_id": "x", "turns": turns}])
+    ids, mask = out["input_ids"][0], out["response_mask"][0].bool()
+    assert tiny_tokenizer.decode(ids[mask]) == "running it<|im_end|>\n"
+    assert "word" not in tiny_tokenizer.decode(ids) and "FAILED" not in tiny_tokenizer.decode(ids)
+    # A last response that fits is the target either way (same row as the default), and when no response
+    # fits the default's cut is kept: there is nothing whole to train on.
+    short = [*turns[:3], {"role": "assistant", "content": "fixed"}]
+    assert torch.equal(col([{"trace_id": "s", "turns": short}])["input_ids"],
+                       ComposerDataCollator(tiny_tokenizer, CollatorConfig(max_seq_len=64))(
+                           [{"trace_id": "s", "turns": short}])["input_ids"])  # fmt: skip
+    only_long = [turns[0], turns[3]]
+    assert torch.equal(col([{"trace_id": "l", "turns": only_long}])["input_ids"],
+                       ComposerDataCollator(tiny_tokenizer, CollatorConfig(max_seq_len=64))(
+                           [{"trace_id": "l", "turns": only_long}])["input_ids"])  # fmt: skip
+
+
 @pytest.mark.parametrize("cap", [24, 40, 96])
 def test_sdpo_masks_select_the_same_tokens_when_the_recovery_is_cut(tiny_tokenizer, cap) -> None:
     exs = _real_error_examples()[:4]

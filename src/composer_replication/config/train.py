@@ -52,6 +52,11 @@ class DataConfig(_Model):
     eval_fraction: float = Field(
         0.0, ge=0.0, lt=1.0, description="fraction held out (by hash of the episode id / pair id)"
     )
+    whole_responses: bool = Field(
+        False,
+        description="end each training row at its last assistant response that fits whole in max_seq_len "
+        "(no target is an action cut before its end); false: the last response, its first tokens if too long",
+    )
 
     @field_validator("traces", "pairs")
     @classmethod

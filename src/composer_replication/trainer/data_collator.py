@@ -87,6 +87,10 @@ class CollatorConfig:
     # None: ``wire.system_text`` with the trace's tools (what states, GRPO prompts and evaluation show);
     # a string replaces it, "" means no system message. DPO state_messages carry their own.
     system_prompt: str | None = None
+    # True: a row ends at its last response that fits whole under ``max_seq_len`` (later messages are left
+    # out), so no target is an action cut before its end; a response longer than the cap is still trained
+    # (its first tokens) when no earlier one fits. False: the last response is the target, cut if too long.
+    whole_responses: bool = False
 
     def __post_init__(self) -> None:
         if self.max_seq_len < 8 or self.max_dpo_seq_len < 8:
@@ -101,6 +105,22 @@ class _Piece:
     ids: list[int]
     is_response: bool
     msg: int  # message index (header and body of one assistant message share it)
+
+
+def _end_at_whole_response(
+    msgs: list[dict], pieces: list[_Piece], assistant: set[int], max_len: int
+) -> tuple[list[dict], list[_Piece], set[int]]:
+    """Cut the conversation after its last assistant message whose header and body fit in ``max_len``
+    (unchanged when the last one fits, or when none does)."""
+    size: dict[int, int] = {}
+    for p in pieces:
+        if p.msg in assistant:
+            size[p.msg] = size.get(p.msg, 0) + len(p.ids)
+    fits = [i for i in sorted(assistant) if size.get(i, 0) <= max_len]
+    if not fits or fits[-1] == max(assistant):
+        return msgs, pieces, assistant
+    end = fits[-1]
+    return msgs[: end + 1], [p for p in pieces if p.msg <= end], {i for i in assistant if i <= end}
 
 
 @dataclass
@@ -222,10 +242,12 @@ class ComposerDataCollator:
         max_len: int,
         trim_from: int | None = None,
         keep_tail: tuple[int, int] = (-1, 0),
+        pieces: list[_Piece] | None = None,
     ) -> tuple[list[int], list[int], dict[int, tuple[int, int]]]:
         keep_first = bool(msgs) and msgs[0]["role"] == "system"
         trim = protect_from if trim_from is None else trim_from
-        pieces = self._truncate(self._pieces(msgs), protect_from, max_len, keep_first, trim, keep_tail)
+        pieces = self._pieces(msgs) if pieces is None else pieces
+        pieces = self._truncate(pieces, protect_from, max_len, keep_first, trim, keep_tail)
         ids: list[int] = []
         mask: list[int] = []
         spans: dict[int, tuple[int, int]] = {}
@@ -250,8 +272,11 @@ class ComposerDataCollator:
             turns = list(ex.get("turns") or [])
             msgs, where = wire.trace_messages(ex, system_prompt=cfg.system_prompt)
             assistant = {i for i, m in enumerate(msgs) if m["role"] == "assistant"}
+            pieces = self._pieces(msgs)
+            if cfg.whole_responses:
+                msgs, pieces, assistant = _end_at_whole_response(msgs, pieces, assistant, cfg.max_seq_len)
             last = max(assistant) if assistant else len(msgs)
-            ids, mask, spans = self._encode(msgs, assistant, last, cfg.max_seq_len)
+            ids, mask, spans = self._encode(msgs, assistant, last, cfg.max_seq_len, pieces=pieces)
             rows_ids.append(ids)
             rows_mask.append(mask)
             r = cast("Mapping[str, Any]", ex).get(cfg.rlvr_reward_key)

@@ -94,8 +94,9 @@ class OfflineStepper:
         self.pair_stream = shard(od.Stream(train_pairs, bs, cfg.seed + 1)) if use_pairs else None
         if collator is None and train_traces:
             collator = od.make_collator(
-                tok, cfg.data.max_seq_len, cfg.data.max_dpo_seq_len, cfg.loss.sdpo.weight > 0
-            )
+                tok, cfg.data.max_seq_len, cfg.data.max_dpo_seq_len, cfg.loss.sdpo.weight > 0,
+                cfg.data.whole_responses,
+            )  # fmt: skip
         self.collator = collator
         self.on_policy = None
         if cfg.loss.sdpo.source == "on_policy" and cfg.loss.sdpo.weight > 0 and train_traces:
@@ -349,7 +350,13 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
     pid = lambda r: pair_tokens.pair_fields(r)[0]  # noqa: E731
     train_pairs, eval_pairs = od.split(pairs, pid, cfg.data.eval_fraction)
     collator = (
-        od.make_collator(tok, cfg.data.max_seq_len, cfg.data.max_dpo_seq_len, cfg.loss.sdpo.weight > 0)
+        od.make_collator(
+            tok,
+            cfg.data.max_seq_len,
+            cfg.data.max_dpo_seq_len,
+            cfg.loss.sdpo.weight > 0,
+            cfg.data.whole_responses,
+        )  # fmt: skip
         if traces
         else None
     )

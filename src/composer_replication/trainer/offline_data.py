@@ -74,7 +74,9 @@ def split(rows: list[dict], key_fn, fraction: float) -> tuple[list[dict], list[d
     return train, held
 
 
-def make_collator(tokenizer: Any, max_seq_len: int, max_dpo_seq_len: int, enable_sdpo: bool):
+def make_collator(
+    tokenizer: Any, max_seq_len: int, max_dpo_seq_len: int, enable_sdpo: bool, whole_responses: bool = False
+):
     from composer_replication.hint_generator import hint_for_error
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
 
@@ -86,6 +88,7 @@ def make_collator(tokenizer: Any, max_seq_len: int, max_dpo_seq_len: int, enable
         enable_sdpo=enable_sdpo,
         hint_generator=hint_for_error,
         enable_replay_dpo=False,  # pairs come from pairs.jsonl through their own stream
+        whole_responses=whole_responses,
     )
     return ComposerDataCollator(tokenizer=tokenizer, config=cfg)
 
