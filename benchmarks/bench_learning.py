@@ -46,9 +46,10 @@ METRICS = (
     "sandbox_reward",
     "sandbox_pass_rate",
 )
-# Reported beside the metrics (not choosable): answers cut by the token budget, and the hinted teacher's
-# own recovery CE (what the SDPO channel can pass on at best).
-DIAGNOSTICS = ("truncated_rate", "teacher_recovery_ce")
+# Reported beside the metrics (not choosable): answers cut by the token budget, answers holding a well-formed
+# tool call (a prose answer is a valid action too), and the hinted teacher's own recovery CE (what the SDPO
+# channel can pass on at best).
+DIAGNOSTICS = ("truncated_rate", "tool_call_rate", "teacher_recovery_ce")
 
 
 def fail(msg: str) -> None:
@@ -231,7 +232,14 @@ def grpo_phase(model: Any, tok: Any, a: argparse.Namespace, seed: int, work: Pat
 
 
 # What measuring depends on: the base model's run is keyed by these alone (training flags do not move it).
-EVAL_SETTINGS = ("model", "max_seq_len", "max_new_tokens", "eval_batch", "sandbox_new_tokens", "sandbox_tasks")
+EVAL_SETTINGS = (
+    "model",
+    "max_seq_len",
+    "max_new_tokens",
+    "eval_batch",
+    "sandbox_new_tokens",
+    "sandbox_tasks",
+)
 
 
 def run_key(a: argparse.Namespace, name: str, seed: int, data_hash: str) -> str:

@@ -78,6 +78,17 @@ def test_greedy_answers_and_rates(traces, tiny_model, tiny_tokenizer):
     assert m["n_pairs"] == 3 and m["pref_accuracy"] == pytest.approx(wins / 3)
 
 
+def test_tool_call_rate_counts_well_formed_calls_not_prose(traces, tiny_tokenizer):
+    from composer_replication.wire import format_tool_use
+
+    ss = SiteSet(tiny_tokenizer, error_sites(traces)[:3], max_len=160)
+    call = format_tool_use("Bash", {"command": "ls"})
+    m = ss._score([call, "Let me look at the error first.", '[TOOL_USE] name=Bash input={"command": "ls'])
+    # a prose answer is a valid action with no call; a cut call is neither
+    assert m["tool_call_rate"] == pytest.approx(1 / 3)
+    assert m["per_site_actions"]["valid_rate"][1:] == [1.0, 0.0]
+
+
 def test_no_sites_is_an_error(tiny_tokenizer):
     with pytest.raises(ValueError, match="no held-out error sites"):
         SiteSet(tiny_tokenizer, [])

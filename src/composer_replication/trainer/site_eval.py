@@ -14,7 +14,8 @@ sites once; :meth:`SiteSet.measure` scores one model:
   ``teacher_replay.actions`` and scored by ``wire.score_action``: a well-formed action; and a
   well-formed action calling the same tools as the recorded recovery. ``truncated_rate`` is the share
   of answers cut by ``max_new_tokens`` before an end-of-turn token (a tool call cut short is invalid,
-  so a budget that is too small reads as malformed actions).
+  so a budget that is too small reads as malformed actions). ``tool_call_rate`` is the share of answers
+  holding a well-formed tool call (a prose answer is a valid action without one).
 - ``teacher_recovery_ce``: the recovery CE of the hinted teacher itself (the same model given the
   hint), at the hinted sites: how much the hint helps this model predict the recovery, i.e. what the
   SDPO channel can pass on at best.
@@ -172,9 +173,11 @@ class SiteSet:
         ]
         valid = [float(s["valid"]) for s in scores]
         match = [float(s["tool_match"]) for s in scores]
+        calls = [float(s["has_tool_call"]) for s in scores]
         return {
             "valid_rate": sum(valid) / len(valid),
             "tool_match_rate": sum(match) / len(match),
+            "tool_call_rate": sum(calls) / len(calls),
             "n_sites": float(len(scores)),
             "answers": answers,
             "per_site_actions": {"valid_rate": valid, "tool_match_rate": match},
