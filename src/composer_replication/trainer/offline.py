@@ -356,7 +356,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
             cfg.data.max_dpo_seq_len,
             cfg.loss.sdpo.weight > 0,
             cfg.data.whole_responses,
-        )  # fmt: skip
+        )
         if traces
         else None
     )
