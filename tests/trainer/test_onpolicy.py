@@ -237,3 +237,46 @@ def test_privileged_recovery_reaches_only_the_teacher(small_data, tiny_model, ti
     assert s_tok.tolist() == t_tok.tolist()
     with pytest.raises(Exception, match="privileged"):
         build_config(_on_policy_cfg(small_data, loss={"sdpo": {"on_policy": {"privileged": "answer"}}}))
+
+
+def test_decode_into_the_kv_buffer_equals_decode_by_concatenation(tiny_model, monkeypatch):
+    # decode writes the cache into a buffer allocated once (kv_buffer); the plain DynamicCache path
+    # (torch.cat per step) must give the same tokens, greedy with rows leaving the batch and sampled
+    from composer_replication.trainer import kv_buffer
+
+    prompts = [[5, 17, 23, 99, 4], [7, 8], [31, 32, 33], [40, 41, 42, 43]]
+    free = op.sample(tiny_model, prompts, max_new_tokens=12, temperature=0, eos_ids=[], pad_id=0)
+    runs = [dict(temperature=0, eos_ids=sorted({free[0][2], free[2][6]})), dict(temperature=1.0, eos_ids=[])]
+    buffered = []
+    for kw in runs:
+        g = torch.Generator().manual_seed(5)
+        buffered.append(op.sample(tiny_model, prompts, max_new_tokens=12, pad_id=0, generator=g, **kw))
+    pre = op.prefill(tiny_model.eval(), prompts, 0)
+    op.decode(tiny_model, pre, max_new_tokens=12, temperature=0, eos_ids=[])
+    assert all(isinstance(layer, kv_buffer.BufferedLayer) for layer in pre.cache.layers)
+    monkeypatch.setattr(kv_buffer, "buffer_cache", lambda cache, extra: cache)
+    for kw, got in zip(runs, buffered, strict=True):
+        g = torch.Generator().manual_seed(5)
+        assert got == op.sample(tiny_model, prompts, max_new_tokens=12, pad_id=0, generator=g, **kw)
+    assert len({len(x) for x in buffered[0]}) > 1  # greedy rows did leave the batch early
+
+
+def test_kv_buffer_holds_the_concatenated_keys_and_refuses_overflow():
+    from transformers.cache_utils import DynamicLayer
+
+    from composer_replication.trainer.kv_buffer import BufferedLayer
+
+    k, v = torch.randn(3, 2, 4, 8), torch.randn(3, 2, 4, 8)
+    ref, buf = DynamicLayer(), BufferedLayer(k, v, extra=3)
+    ref.update(k, v)
+    for m in (1, 2):
+        new_k, new_v = torch.randn(3, 2, m, 8), torch.randn(3, 2, m, 8)
+        want, got = ref.update(new_k, new_v), buf.update(new_k, new_v)
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    idx = torch.tensor([2, 0])
+    ref.batch_select_indices(idx)
+    buf.batch_select_indices(idx)
+    assert torch.equal(ref.keys, buf.keys) and torch.equal(ref.values, buf.values)
+    assert buf.get_seq_length() == 7
+    with pytest.raises(ValueError, match="KV buffer full"):
+        buf.update(torch.randn(2, 2, 1, 8), torch.randn(2, 2, 1, 8))

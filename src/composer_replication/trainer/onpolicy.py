@@ -185,7 +185,10 @@ def decode(
     dev = pre.attn.device
     eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=dev)
     n = pre.logits.shape[0]
-    logits, cache, attn, pos = pre.logits, pre.cache, pre.attn, pre.pos
+    from composer_replication.trainer.kv_buffer import buffer_cache
+
+    # the cache gets room for the answer up front: no torch.cat of the whole cache per step
+    logits, cache, attn, pos = pre.logits, buffer_cache(pre.cache, max_new_tokens), pre.attn, pre.pos
     # Greedy decoding drops finished rows from the batch (cache, mask, positions), so the tail of a long
     # answer costs what its few rows cost. Sampling keeps every row: its random stream stays the same.
     live = torch.arange(n, device=dev)
