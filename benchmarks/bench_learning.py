@@ -98,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="greedy answer budget at a site (recorded recoveries: 64 tokens at the median, 21 of 30 "
         "within 256; a call cut short is invalid, so a small budget reads as malformed actions)",
     )
-    p.add_argument("--eval-batch", type=int, default=16, help="sites per measuring batch (KV-cached decode)")
+    p.add_argument("--eval-batch", type=int, default=32, help="sites per measuring batch (KV-cached decode)")
     p.add_argument("--sandbox-new-tokens", type=int, default=64, help="greedy tokens per sandbox task")
     p.add_argument("--sandbox-tasks", default="", help="comma-separated bundled tasks (default: all)")
     a = p.parse_args(argv)
