@@ -88,6 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--privileged", choices=("none", "recovery"), default="recovery",
                    help="what the on-policy teacher sees beyond the hint (loss.sdpo.on_policy.privileged)")  # fmt: skip
     p.add_argument("--dpo-weight", type=float, default=0.1, help="beta of the preference channel")
+    p.add_argument("--dpo-pairs", choices=("failure", "recovery", "both"), default="failure",
+                   help="where the training recovery pairs sit (offline_data.recovery_pairs at=): before the "
+                   "failed step, after its error result (the recovery's state, the failed step repeated "
+                   "rejected), or both")  # fmt: skip
     p.add_argument("--rpo-alpha", type=float, default=RPO_ALPHA,
                    help="RPO's NLL weight in the preference channel (loss.preference.rpo_alpha; 0: plain DPO)")  # fmt: skip
     p.add_argument("--grpo-steps", type=int, default=2)
@@ -377,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     shared = {t["trace_id"] for t in train_traces} & {t["trace_id"] for t in eval_traces}
     if shared:
         fail(f"sessions on both sides: {sorted(shared)[:3]}; keep each session in one folder")
-    train_pairs = recovery_pairs(train_traces)
+    sides = ("failure", "recovery") if a.dpo_pairs == "both" else (a.dpo_pairs,)
+    train_pairs = [p for at in sides for p in recovery_pairs(train_traces, at=at)]
     (work / "traces.jsonl").write_text("".join(json.dumps(t) + "\n" for t in train_traces))
     (work / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in train_pairs))
     data_hash = hashlib.sha256(

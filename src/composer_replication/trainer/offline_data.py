@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -114,16 +114,22 @@ def trace_batch(collator, rows: list[dict]) -> dict[str, torch.Tensor]:
     return batch
 
 
-def recovery_pairs(traces: list[dict], *, limit_chars: int = 2000) -> list[dict]:
+def recovery_pairs(
+    traces: list[dict], *, limit_chars: int = 2000, at: Literal["failure", "recovery"] = "failure"
+) -> list[dict]:
     """``DPOPair`` rows mined from the student's own recoveries, without teachers.
 
     At each tool error followed by an assistant turn, the action that failed is ``rejected`` and the
-    recovery action is ``chosen``; ``state_messages`` is the history before the failed action. Useful
+    recovery action is ``chosen``. ``at="failure"``: ``state_messages`` is the history before the failed
+    action (prefer the recovery to the step that failed). ``at="recovery"``: it is the history through the
+    error result, where the recovery was written (prefer the recovery to repeating the failed step). Useful
     to exercise the preference channel (tests, benchmarks, a run before any teacher replay); teacher
     consensus pairs from ``pairs`` are the real signal.
     """
     from composer_replication.wire import trace_messages
 
+    if at not in ("failure", "recovery"):
+        raise ValueError(f"recovery_pairs: at={at!r}; use 'failure' or 'recovery'")
     pairs: list[dict] = []
     seen: set[tuple] = set()
     for trace in traces:
@@ -139,16 +145,16 @@ def recovery_pairs(traces: list[dict], *, limit_chars: int = 2000) -> list[dict]
             chosen = str(turns[after].get("content") or "")[:limit_chars]
             if not chosen.strip() or chosen == rejected:
                 continue
-            messages, _ = trace_messages(trace, before)
-            if before == 0:  # the failed action opens the window: no state to prefer it in
+            if at == "failure" and before == 0:  # the failed action opens the window: no state to prefer it in
                 continue
+            messages, _ = trace_messages(trace, before if at == "failure" else after)
             key = (json.dumps(messages[-2:], sort_keys=True), chosen, rejected)
             if key in seen:  # overlapping trace windows repeat the same site
                 continue
             seen.add(key)
             pairs.append(
                 {
-                    "state_id": f"{trace.get('trace_id')}::{before}",
+                    "state_id": f"{trace.get('trace_id')}::{before if at == 'failure' else after}",
                     "state_messages": messages,
                     "chosen": chosen,
                     "rejected": rejected,
