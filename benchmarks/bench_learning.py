@@ -46,10 +46,11 @@ METRICS = (
     "sandbox_reward",
     "sandbox_pass_rate",
 )
-# Reported beside the metrics (not choosable): answers cut by the token budget, answers holding a well-formed
+# Reported beside the metrics (not choosable): answers cut by the token budget (never valid), answers that
+# parse whether cut or not (the valid-action rate before cut answers counted invalid), valid answers holding a
 # tool call (a prose answer is a valid action too), and the hinted teacher's own recovery CE (what the SDPO
 # channel can pass on at best).
-DIAGNOSTICS = ("truncated_rate", "tool_call_rate", "teacher_recovery_ce")
+DIAGNOSTICS = ("truncated_rate", "well_formed_rate", "tool_call_rate", "teacher_recovery_ce")
 
 
 def fail(msg: str) -> None:

@@ -174,23 +174,27 @@ def canonical_action(text: str | None) -> CanonicalAction | None:
     return collapsed or None
 
 
-def score_action(output: str, state: dict[str, Any]) -> dict[str, Any]:
-    """Score an answer against the action ``state["student_action"]`` recorded at that state: ``valid``
-    (well-formed, and naming only the session's tools when ``state["tools"]`` lists them),
-    ``has_tool_call``, ``tool_match`` (the same tool names in order) and ``exact`` (the same canonical
-    action). Evaluation and the site metrics score answers with it."""
+def score_action(output: str, state: dict[str, Any], *, complete: bool = True) -> dict[str, Any]:
+    """Score an answer against the action ``state["student_action"]`` recorded at that state:
+    ``well_formed`` (it parses, and names only the session's tools when ``state["tools"]`` lists them),
+    ``valid`` (well-formed and ``complete``: the answer ended before the generation budget; an answer
+    cut by the budget, prose or call, is no action a harness can take), ``has_tool_call`` (a valid
+    answer holding a tool call), ``tool_match`` (valid, with the same tool names in order) and ``exact``
+    (valid, the same canonical action). Evaluation and the site metrics score answers with it."""
     parsed = parse_action(output)
     canon = canonical_action(output)
     tools = state.get("tools") or []
     known_tools = all(name in tools for name, _ in parsed.tool_calls) if tools else True
-    valid = parsed.ok and canon is not None and known_tools
+    well_formed = parsed.ok and canon is not None and known_tools
+    valid = well_formed and complete
     ref = parse_action(state["student_action"])
     ref_canon = canonical_action(state["student_action"])
     names = [n for n, _ in parsed.tool_calls]
     ref_names = [n for n, _ in ref.tool_calls]
     return {
+        "well_formed": bool(well_formed),
         "valid": bool(valid),
-        "has_tool_call": bool(parsed.tool_calls) and parsed.ok,
+        "has_tool_call": bool(valid and parsed.tool_calls),
         "tool_match": bool(valid and names == ref_names and bool(ref_names)),
         "exact": bool(valid and canon == ref_canon),
     }

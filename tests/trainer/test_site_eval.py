@@ -83,10 +83,33 @@ def test_tool_call_rate_counts_well_formed_calls_not_prose(traces, tiny_tokenize
 
     ss = SiteSet(tiny_tokenizer, error_sites(traces)[:3], max_len=160)
     call = format_tool_use("Bash", {"command": "ls"})
-    m = ss._score([call, "Let me look at the error first.", '[TOOL_USE] name=Bash input={"command": "ls'])
+    m = ss._score(
+        [call, "Let me look at the error first.", '[TOOL_USE] name=Bash input={"command": "ls'], [True] * 3
+    )
     # a prose answer is a valid action with no call; a cut call is neither
     assert m["tool_call_rate"] == pytest.approx(1 / 3)
     assert m["per_site_actions"]["valid_rate"][1:] == [1.0, 0.0]
+
+
+def test_an_answer_cut_by_the_budget_is_not_valid_even_as_prose(traces, tiny_tokenizer):
+    from composer_replication.wire import format_tool_use
+
+    ss = SiteSet(tiny_tokenizer, error_sites(traces)[:4], max_len=160)
+    call = format_tool_use("Bash", {"command": "ls"})
+    loop = "The function is defined in the function. " * 20
+    m = ss._score([call, loop, loop, call], [True, True, False, False])
+    # a looping prose answer that ran into the budget parses, but it is no action: well-formed, not valid
+    assert m["per_site_actions"]["valid_rate"] == [1.0, 1.0, 0.0, 0.0]
+    assert m["well_formed_rate"] == 1.0 and m["valid_rate"] == 0.5
+    assert m["tool_call_rate"] == 0.25
+
+
+def test_measure_counts_budget_cut_answers_invalid(traces, tiny_model, tiny_tokenizer):
+    ss = SiteSet(tiny_tokenizer, error_sites(traces)[:3], max_len=160, max_new_tokens=3)
+    m = ss.measure(tiny_model)
+    assert m["truncated_rate"] > 0  # a random tiny model does not end within 3 tokens
+    # the answers cut by the budget are not valid, whatever they parse as
+    assert m["valid_rate"] <= min(m["well_formed_rate"], 1 - m["truncated_rate"]) + 1e-9
 
 
 def test_no_sites_is_an_error(tiny_tokenizer):

@@ -6,8 +6,9 @@ Two measurements, both written to ``eval/eval.json``:
    tool call, the model gets the conversation so far exactly as training and GRPO render it (the
    state's ``messages``, ``wire`` format, fitted to ``max_prompt_tokens`` by dropping the oldest
    messages, never the system message) and answers greedily. The answer is parsed with ``wire``:
-   *valid* = it parses as a well-formed action (every tool line's input is JSON, and the tools named
-   exist in the session when the session lists its tools); *tool match* = the same sequence of tool
+   *valid* = it ended before ``max_new_tokens`` and parses as a well-formed action (every tool line's
+   input is JSON, and the tools named exist in the session when the session lists its tools; an answer
+   cut by the budget is no action, whatever it parses as); *tool match* = the same sequence of tool
    names as the recorded recovery; *exact* = the same canonical action as the recorded recovery
    (what the agent actually did next in the log). Held-out traces are never replayed or trained on.
 2. **Sandbox pass rate** on the bundled tasks (``datagen``), when enabled.
@@ -66,7 +67,8 @@ def prompt_ids(tok: Any, state: dict[str, Any], max_prompt_tokens: int) -> Any:
 
 
 class GreedyGenerator:
-    """Greedy answers of a local model directory for chat states, with an append-only cache."""
+    """Greedy answers of a local model directory for chat states, with an append-only cache. A call
+    returns ``(answer, complete)``: ``complete`` is False when the budget cut the answer."""
 
     def __init__(
         self, model_dir: str | Path, cache_path: Path, *, max_new_tokens: int, max_prompt_tokens: int
@@ -78,10 +80,11 @@ class GreedyGenerator:
         self.fingerprint = model_fingerprint(model_dir)
         self._model: Any = None
         self._tok: Any = None
-        self.cache: dict[str, str] = {}
+        self.cache: dict[str, tuple[str, bool]] = {}
         if cache_path.exists():
             for rec in read_jsonl(cache_path):
-                self.cache[rec["key"]] = rec["output"]
+                if "complete" in rec:  # rows written before completeness was recorded are generated again
+                    self.cache[rec["key"]] = (rec["output"], bool(rec["complete"]))
         self.n_generated = 0
 
     def _key(self, state: dict[str, Any]) -> str:
@@ -102,7 +105,7 @@ class GreedyGenerator:
         model, self._tok = load_model_and_tokenizer(self.model_dir)
         self._model = model.eval()
 
-    def __call__(self, state: dict[str, Any]) -> str:
+    def __call__(self, state: dict[str, Any]) -> tuple[str, bool]:
         key = self._key(state)
         if key in self.cache:
             return self.cache[key]
@@ -120,21 +123,28 @@ class GreedyGenerator:
                 do_sample=False,
                 pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
             )
-        text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+        from composer_replication.trainer.onpolicy import eos_token_ids
+
+        new = out[0, ids.shape[1] :].tolist()
+        eos = eos_token_ids(tok)
+        complete = len(new) < self.max_new_tokens or (bool(new) and new[-1] in eos)
+        text = tok.decode(new, skip_special_tokens=True)
         with JsonlAppender(self.cache_path) as app:
-            app.write({"key": key, "state_id": state["state_id"], "model": self.fingerprint, "output": text})
-        self.cache[key] = text
+            app.write({"key": key, "state_id": state["state_id"], "model": self.fingerprint, "output": text,
+                       "complete": complete})  # fmt: skip
+        self.cache[key] = (text, complete)
         self.n_generated += 1
-        return text
+        return text, complete
 
 
 def evaluate_sites(
-    generate: Callable[[dict[str, Any]], str],
+    generate: Callable[[dict[str, Any]], str | tuple[str, bool]],
     sites: Sequence[dict[str, Any]],
     *,
     stop: Callable[[], str | None] = lambda: None,
 ) -> dict[str, Any]:
-    """Rates over ``sites`` plus the per-site rows (answer and scores)."""
+    """Rates over ``sites`` plus the per-site rows (answer and scores). ``generate`` returns the answer,
+    or ``(answer, complete)`` when it knows whether the token budget cut it (a cut answer is not valid)."""
     from tqdm import tqdm
 
     rows = []
@@ -144,8 +154,10 @@ def evaluate_sites(
             from composer_replication.safety.kill_switch import KillSwitchTriggered
 
             raise KillSwitchTriggered(reason)
-        out = generate(st)
-        rows.append({"state_id": st["state_id"], "output": out, **score_action(out, st)})
+        got = generate(st)
+        out, complete = got if isinstance(got, tuple) else (got, True)
+        rows.append({"state_id": st["state_id"], "output": out, "complete": complete,
+                     **score_action(out, st, complete=complete)})  # fmt: skip
     n = len(rows)
 
     def rate(k: str) -> float | None:

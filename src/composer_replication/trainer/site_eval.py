@@ -10,12 +10,14 @@ sites once; :meth:`SiteSet.measure` scores one model:
   the hint, on the same recovery tokens (mean over tokens, then sites): how much of the hint the model
   has absorbed. The teacher's prompt is the student's plus the hint (``onpolicy.site_prompts``): the
   hint never costs it history. Only at sites with a hint (``n_hinted_sites``; a rejected tool call has none).
-- ``valid_rate`` / ``tool_match_rate``: the greedy answer at the site, parsed with
-  ``teacher_replay.actions`` and scored by ``wire.score_action``: a well-formed action; and a
-  well-formed action calling the same tools as the recorded recovery. ``truncated_rate`` is the share
-  of answers cut by ``max_new_tokens`` before an end-of-turn token (a tool call cut short is invalid,
-  so a budget that is too small reads as malformed actions). ``tool_call_rate`` is the share of answers
-  holding a well-formed tool call (a prose answer is a valid action without one).
+- ``valid_rate`` / ``tool_match_rate``: the greedy answer at the site, scored by ``wire.score_action``:
+  a valid action (it ended before ``max_new_tokens`` and is well-formed); and a valid action calling the
+  same tools as the recorded recovery. ``truncated_rate`` is the share of answers cut by
+  ``max_new_tokens`` before an end-of-turn token: none of them is valid, prose or call (at this model
+  size they are repetition loops; a budget that is too small reads as invalid actions).
+  ``well_formed_rate`` counts well-formed answers whether they ended or not (a cut prose answer parses;
+  a cut call does not). ``tool_call_rate`` is the share of valid answers holding a tool call (a prose
+  answer is a valid action without one).
 - ``teacher_recovery_ce``: the recovery CE of the hinted teacher itself (the same model given the
   hint), at the hinted sites: how much the hint helps this model predict the recovery, i.e. what the
   SDPO channel can pass on at best.
@@ -160,24 +162,26 @@ class SiteSet:
             "per_site": {"recovery_ce": ce, "hinted_jsd": jsd, "teacher_recovery_ce": t_ce},
         }
         if greedy:
-            out.update(self._score(answers))
+            out.update(self._score(answers, [not c for c in cut]))
             out["truncated_rate"] = sum(cut) / len(cut)
         return out
 
-    def _score(self, answers: list[str]) -> dict[str, Any]:
+    def _score(self, answers: list[str], complete: list[bool]) -> dict[str, Any]:
         from composer_replication.wire import score_action
 
         scores = [
-            score_action(a, {"student_action": r.site.recovery, "tools": r.tools})
-            for a, r in zip(answers, self.rows, strict=True)
+            score_action(a, {"student_action": r.site.recovery, "tools": r.tools}, complete=c)
+            for a, r, c in zip(answers, self.rows, complete, strict=True)
         ]
         valid = [float(s["valid"]) for s in scores]
         match = [float(s["tool_match"]) for s in scores]
         calls = [float(s["has_tool_call"]) for s in scores]
+        formed = [float(s["well_formed"]) for s in scores]
         return {
             "valid_rate": sum(valid) / len(valid),
             "tool_match_rate": sum(match) / len(match),
             "tool_call_rate": sum(calls) / len(calls),
+            "well_formed_rate": sum(formed) / len(formed),
             "n_sites": float(len(scores)),
             "answers": answers,
             "per_site_actions": {"valid_rate": valid, "tool_match_rate": match},
