@@ -10,7 +10,8 @@ rollout per task). Writes ``{"variants": {NAME: {METRIC: {"mean", "std", "n"}}},
 ``<out>.runs.jsonl`` (keyed by their settings), so a rerun only does what is missing.
 
     flock /work/coord/heavy.lock python3 benchmarks/bench_learning.py \\
-        --train-sessions benchmarks/data/sessions/train --eval-sessions benchmarks/data/sessions/eval \\
+        --train-sessions src/composer_replication/data/learning_sessions/train \\
+        --eval-sessions src/composer_replication/data/learning_sessions/eval \\
         --out benchmarks/results/learning.json --seeds 3
 """
 
