@@ -48,9 +48,17 @@ def heldout_traces(run_dir: Path) -> list[dict]:
 
 
 def site_comparison(
-    traces: list[dict], before_dir: Path, after_dir: Path, *, max_len: int, max_new_tokens: int
+    traces: list[dict],
+    before_dir: Path,
+    after_dir: Path,
+    *,
+    max_len: int,
+    max_new_tokens: int,
+    batch_size: int = 32,
 ) -> dict[str, Any] | None:
-    """Paired before/after site metrics of two saved models (None when the traces hold no error site)."""
+    """Paired before/after site metrics of two saved models (None when the traces hold no error site).
+    ``batch_size`` sites decode together: a decoding step costs about the same for 2 rows as for 30
+    (docs/benchmarks/learning.md, "Measuring cost"), so fewer, larger batches are faster."""
     from composer_replication.models import load_causal_lm, load_tokenizer
     from composer_replication.trainer.onpolicy import error_sites
     from composer_replication.trainer.site_eval import SiteSet
@@ -59,7 +67,7 @@ def site_comparison(
     if not sites:
         return None
     tok = load_tokenizer(after_dir)
-    ss = SiteSet(tok, sites, max_len=max_len, max_new_tokens=max_new_tokens)
+    ss = SiteSet(tok, sites, max_len=max_len, max_new_tokens=max_new_tokens, batch_size=batch_size)
     per: dict[str, dict[str, list[float]]] = {}
     for phase, d in (("before", before_dir), ("after", after_dir)):
         model = load_causal_lm(d)
