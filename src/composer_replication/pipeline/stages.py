@@ -246,7 +246,7 @@ def _evaluate(ctx: RunContext) -> dict[str, Any]:
     sites = list(islice(read_states(ctx.path("split", "heldout_states.jsonl")), ec.max_sites))
     cache = ctx.path("eval", "generations.jsonl")
     result: dict[str, Any] = {
-        "note": "Recovery at held-out error sites: valid = well-formed action; tool match = same tool sequence as the "
+        "note": "Recovery at held-out error sites: valid = an answer that ended within the token budget and is a well-formed action; tool match = same tool sequence as the "
         "recorded recovery; exact = same canonical action as the recorded recovery.",
         "heldout_sites": len(sites),
     }
