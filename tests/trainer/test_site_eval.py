@@ -127,3 +127,20 @@ def test_sites_without_a_hint_count_for_ce_but_not_for_jsd(traces, tiny_model, t
     assert mixed["n_hinted_sites"] == 2 and len(mixed["per_site"]["recovery_ce"]) == 3
     assert mixed["per_site"]["hinted_jsd"] == pytest.approx(only["per_site"]["hinted_jsd"], rel=1e-5)
     assert mixed["per_site"]["recovery_ce"][1:] == pytest.approx(only["per_site"]["recovery_ce"], rel=1e-5)
+
+
+def test_recovery_pairs_at_the_recovery_state_end_with_the_error_result(traces):
+    from composer_replication import wire
+
+    after = recovery_pairs(traces, at="recovery")
+    assert after
+    for p in after:  # the state holds the failed call and its error result, then the recovery is chosen
+        last = p["state_messages"][-1]
+        assert last["role"] == "user" and any(
+            (h := wire.parse_tool_result_head(part)) is not None and h[1]
+            for part in str(last["content"]).split(wire.ACTION_SEP)
+            for part in [part.split("\n", 1)[0]]
+        )
+        assert p["rejected"] in str(p["state_messages"][-2]["content"])
+    with pytest.raises(ValueError, match="at='later'"):
+        recovery_pairs(traces, at="later")  # type: ignore[arg-type]

@@ -145,9 +145,8 @@ def recovery_pairs(
             chosen = str(turns[after].get("content") or "")[:limit_chars]
             if not chosen.strip() or chosen == rejected:
                 continue
-            if (
-                at == "failure" and before == 0
-            ):  # the failed action opens the window: no state to prefer it in
+            # at="failure": a failed action that opens the window leaves no state to prefer it in
+            if at == "failure" and before == 0:
                 continue
             messages, _ = trace_messages(trace, before if at == "failure" else after)
             key = (json.dumps(messages[-2:], sort_keys=True), chosen, rejected)
