@@ -109,3 +109,59 @@ def test_missing_session_folder_is_named(folders, tmp_path):
     assert r.stderr.strip().splitlines() == [
         f"bench_learning.py: error: --eval-sessions {tmp_path / 'nope'}: no such session folder"
     ]
+
+
+def test_bfloat16_runs_are_measured_and_cached_apart(folders, tmp_path):
+    """``--dtype bfloat16`` trains and measures in bf16 (weights and compute), and its runs never answer
+    for a float32 run of the same settings (the run key holds the dtype)."""
+    train, held = folders
+    out = tmp_path / "learning.json"
+    common = ["--train-sessions", str(train), "--eval-sessions", str(held), "--out", str(out), "--model", "tiny",
+              "--seeds", "1", "--steps", "2", "--lr", "0.01", "--variants", "base,sft+sdpo_on_policy,sft+sdpo+dpo+grpo",
+              "--sandbox-tasks", "fix_import", "--grpo-steps", "1",
+              "--metrics", "recovery_ce,hinted_jsd,valid_rate", "--max-new-tokens", "8"]  # fmt: skip
+    r = bench(*common, "--dtype", "bfloat16")
+    assert r.returncode == 0, r.stderr[-3000:]
+    bf16 = json.loads(out.read_text())
+    assert bf16["config"]["dtype"] == "bfloat16"
+    for name in ("base", "sft+sdpo_on_policy", "sft+sdpo+dpo+grpo"):
+        assert math.isfinite(bf16["variants"][name]["recovery_ce"]["mean"]), name
+    runs = [json.loads(x) for x in out.with_suffix(".runs.jsonl").read_text().splitlines()]
+    assert all(x["channels"]["loss/sdpo_jsd"] > 0 for x in runs if x["variant"] != "base")
+
+    r = bench(*common)  # float32: every run again, not the bf16 ones from the cache
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count(" seed 0: ") == 3
+    fp32 = json.loads(out.read_text())
+    assert fp32["config"]["dtype"] == "float32"
+    ce = {d: v["variants"]["base"]["recovery_ce"]["mean"] for d, v in (("bf16", bf16), ("fp32", fp32))}
+    assert ce["bf16"] != ce["fp32"] and ce["bf16"] == pytest.approx(ce["fp32"], rel=0.02)
+
+
+def test_run_key_ignores_only_the_settings_of_channels_a_variant_lacks(folders):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_learning", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    train, held = folders
+    base = ["--train-sessions", str(train), "--eval-sessions", str(held), "--out", "o.json"]
+
+    def keys(*extra: str) -> dict[str, str]:
+        a = mod.parse_args([*base, *extra])
+        a.lora_targets = "x"
+        return {n: mod.run_key(a, n, 0, "data") for n in mod.VARIANTS}
+
+    default = keys()
+    sdpo3 = keys("--sdpo-weight", "3")  # SFT and base keep their keys; every SDPO variant gets a new one
+    assert [n for n in default if default[n] != sdpo3[n]] == [
+        "sft+sdpo_recorded", "sft+sdpo_on_policy", "sft+sdpo+dpo", "sft+sdpo+dpo+grpo"]  # fmt: skip
+    pairs = keys("--dpo-pairs", "recovery")
+    assert [n for n in default if default[n] != pairs[n]] == ["sft+sdpo+dpo", "sft+sdpo+dpo+grpo"]
+    temp = keys("--on-policy-temperature", "0.5")  # the recorded-response variant samples nothing
+    assert [n for n in default if default[n] != temp[n]] == [
+        "sft+sdpo_on_policy", "sft+sdpo+dpo", "sft+sdpo+dpo+grpo"]  # fmt: skip
+    assert keys("--grpo-steps", "5")["sft+sdpo+dpo"] == default["sft+sdpo+dpo"]
+    lr = keys("--lr", "0.002")  # a training setting moves every trained variant, not the base model
+    assert [n for n in default if default[n] != lr[n]] == list(default)[1:]
+    assert keys("--dtype", "bfloat16")["base"] != default["base"]
