@@ -99,7 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "rejected), or both")  # fmt: skip
     p.add_argument("--rpo-alpha", type=float, default=RPO_ALPHA,
                    help="RPO's NLL weight in the preference channel (loss.preference.rpo_alpha; 0: plain DPO)")  # fmt: skip
-    p.add_argument("--grpo-steps", type=int, default=2)
+    p.add_argument("--grpo-steps", type=int, default=2, help="GRPO steps of the +grpo variant (2 tasks each)")
+    p.add_argument("--grpo-generations", type=int, default=2, help="completions per task in a GRPO group")
+    p.add_argument("--grpo-temperature", type=float, default=1.0, help="GRPO sampling temperature")
+    p.add_argument("--grpo-lr", type=float, default=1e-5, help="GRPO learning rate (all weights)")
     p.add_argument(
         "--max-new-tokens",
         type=int,
@@ -214,8 +217,11 @@ def measure(model, tok, sites, a) -> dict[str, Any]:
     return out
 
 
-def grpo_phase(model: Any, tok: Any, a: argparse.Namespace, seed: int, work: Path) -> Any:
-    """GRPO on the bundled sandbox tasks after the offline phase (the pipeline's online phase)."""
+def grpo_phase(model: Any, tok: Any, a: argparse.Namespace, seed: int, work: Path) -> tuple[Any, float, dict]:
+    """GRPO on the bundled sandbox tasks after the offline phase (the pipeline's online phase): the model
+    after it, how far GRPO moved the weights (L2 norm of the change / L2 norm of the weights; exactly 0
+    when every group had zero reward variance, so the policy term had no gradient) and the phase's
+    summary (rewards, share of zero-variance groups)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -228,15 +234,23 @@ def grpo_phase(model: Any, tok: Any, a: argparse.Namespace, seed: int, work: Pat
     tok.save_pretrained(start)
     cfg = build_config({
         "mode": "grpo", "seed": seed, "model": {"path": str(start)}, "data": {"traces": str(work / "traces.jsonl")},
-        "optimizer": {"lr": 1e-5}, "schedule": {"max_steps": a.grpo_steps, "batch_size": 2},
+        "optimizer": {"lr": a.grpo_lr}, "schedule": {"max_steps": a.grpo_steps, "batch_size": 2},
         "checkpoint": {"every_steps": 0}, "logging": {"progress": False, "plot": False},
-        "grpo": {"num_generations": 2, "max_completion_length": 48},
+        "grpo": {"num_generations": a.grpo_generations, "max_completion_length": 48,
+                 "temperature": a.grpo_temperature},
     })  # fmt: skip
     tasks = [t for t in a.sandbox_tasks.split(",") if t]
-    train_grpo_on_tasks(cfg, out_dir=work / f"grpo-{seed}", tasks=tasks, resume=False)  # fp32 on a CPU
-    return AutoModelForCausalLM.from_pretrained(
+    summary = train_grpo_on_tasks(cfg, out_dir=work / f"grpo-{seed}", tasks=tasks, resume=False)  # fp32 (CPU)
+    after = AutoModelForCausalLM.from_pretrained(
         work / f"grpo-{seed}" / "final", dtype=getattr(torch, a.dtype)
     )
+    moved, norm = 0.0, 0.0
+    with torch.no_grad():
+        new = after.state_dict()
+        for name, w in merged.state_dict().items():
+            moved += float((new[name].double() - w.double()).pow(2).sum())
+            norm += float(w.double().pow(2).sum())
+    return after, (moved / norm) ** 0.5 if norm else 0.0, summary
 
 
 # ----------------------------------------------------------------------------- runs
@@ -260,7 +274,7 @@ CHANNEL_SETTINGS = {
     "sdpo": ("sdpo_weight", "sdpo_source", "on_policy_tokens", "on_policy_temperature", "privileged"),
     "on_policy": ("sdpo_source", "on_policy_tokens", "on_policy_temperature", "privileged"),
     "dpo": ("dpo_weight", "dpo_pairs", "rpo_alpha"),
-    "grpo": ("grpo_steps",),
+    "grpo": ("grpo_steps", "grpo_generations", "grpo_temperature", "grpo_lr"),
 }
 
 
@@ -313,14 +327,35 @@ def one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work) ->
         }
         _TRAINED.clear()
         _TRAINED[key] = (model, info)
+    extra: dict[str, Any] = {}
     if variant.get("grpo"):
-        model = grpo_phase(model, tok, a, seed, work)
+        model, change, extra["grpo"] = grpo_phase(model, tok, a, seed, work)
+        extra["grpo_weight_change"] = change
+        if change == 0.0 and key in _MEASURED:  # the very same weights: measuring again gives the same
+            extra["measured"] = "reused: GRPO left every weight unchanged"
+            return {
+                "metrics": _MEASURED[key],
+                "seconds": time.time() - t0,
+                "eval_seconds": 0.0,
+                **info,
+                **extra,
+            }
     t1 = time.time()
-    metrics = measure(model, tok, sites, a)
-    return {"metrics": _clean(metrics), "seconds": time.time() - t0, "eval_seconds": time.time() - t1, **info}
+    metrics = _clean(measure(model, tok, sites, a))
+    if not variant.get("grpo"):
+        _MEASURED.clear()
+        _MEASURED[key] = metrics
+    return {
+        "metrics": metrics,
+        "seconds": time.time() - t0,
+        "eval_seconds": time.time() - t1,
+        **info,
+        **extra,
+    }
 
 
 _TRAINED: dict[str, tuple[Any, dict]] = {}  # the last trained adapter (the GRPO variant starts from it)
+_MEASURED: dict[str, dict] = {}  # its metrics (a GRPO phase that moved nothing is not measured again)
 
 
 def lora_targets(model: Any, last: int) -> str:

@@ -75,6 +75,14 @@ def test_every_variant_trains_and_is_measured(folders, tmp_path):
     on_policy = [x for x in runs if x["variant"] == "sft+sdpo_on_policy"]
     assert all(x["channels"]["loss/sdpo_jsd"] > 0 for x in on_policy)
     assert all(x["channels"]["loss/trace_replay_dpo"] > 0 for x in runs if x["variant"] == "sft+sdpo+dpo")
+    # the GRPO variant reports how far GRPO moved the weights; weights it left alone are not measured again
+    for g in (x for x in runs if x["variant"] == "sft+sdpo+dpo+grpo"):
+        full = next(x for x in runs if x["variant"] == "sft+sdpo+dpo" and x["seed"] == g["seed"])
+        assert g["grpo_weight_change"] >= 0
+        if g["grpo_weight_change"] == 0:
+            assert g["metrics"] == full["metrics"] and g["eval_seconds"] == 0 and "unchanged" in g["measured"]
+        else:
+            assert g["eval_seconds"] > 0 and "measured" not in g
 
     # a rerun finds every run in the cache and writes the same table
     before = out.read_text()
