@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -199,7 +199,7 @@ def sandbox_metrics(model: Any, tok: Any, tasks: list[str], max_new_tokens: int)
         model.train(was_training)
     reward = make_shaped_reward({n: all_tasks[n] for n in names})
     scores = reward([tok.decode(x, skip_special_tokens=True) for x in ids], names)
-    parts = [p for p in reward.last_parts if p is not None]
+    parts = [p for p in reward.last_parts if p is not None]  # type: ignore[attr-defined]  # set by each call
     rewards = [r for r in scores if r is not None]
     if not rewards:
         return {}
@@ -440,7 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     shared = {t["trace_id"] for t in train_traces} & {t["trace_id"] for t in eval_traces}
     if shared:
         fail(f"sessions on both sides: {sorted(shared)[:3]}; keep each session in one folder")
-    sides = ("failure", "recovery") if a.dpo_pairs == "both" else (a.dpo_pairs,)
+    sides: tuple[Literal["failure", "recovery"], ...] = (
+        ("failure", "recovery") if a.dpo_pairs == "both" else (a.dpo_pairs,)
+    )
     train_pairs = [p for at in sides for p in recovery_pairs(train_traces, at=at)]
     (work / "traces.jsonl").write_text("".join(json.dumps(t) + "\n" for t in train_traces))
     (work / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in train_pairs))
