@@ -126,6 +126,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for m in a.metrics:
         if m not in METRICS:
             fail(f"unknown metric {m!r}; choose from {', '.join(METRICS)}")
+    # checked here, not when the GRPO phase starts after the full recipe's training (the config's own bounds)
+    if a.grpo_generations < 2:
+        fail(f"--grpo-generations {a.grpo_generations}: a GRPO group needs at least 2 completions")
+    if a.grpo_temperature <= 0 or a.grpo_lr <= 0:
+        fail(f"--grpo-temperature {a.grpo_temperature} / --grpo-lr {a.grpo_lr}: both must be above 0")
     if a.quick:
         a.seeds = 1
     if a.seeds < 1:

@@ -98,6 +98,8 @@ def test_every_variant_trains_and_is_measured(folders, tmp_path):
         (["--variants", "base,sft+ppo"], "unknown variant 'sft+ppo'"),
         (["--metrics", "recovery_ce,bleu"], "unknown metric 'bleu'"),
         (["--seeds", "0"], "--seeds 0"),
+        (["--grpo-generations", "1"], "--grpo-generations 1"),
+        (["--grpo-temperature", "0"], "--grpo-temperature 0.0"),
     ],
 )
 def test_bad_names_get_one_line_errors(folders, tmp_path, extra, message):

@@ -136,11 +136,9 @@ def test_recovery_pairs_at_the_recovery_state_end_with_the_error_result(traces):
     assert after
     for p in after:  # the state holds the failed call and its error result, then the recovery is chosen
         last = p["state_messages"][-1]
-        assert last["role"] == "user" and any(
-            (h := wire.parse_tool_result_head(part)) is not None and h[1]
-            for part in str(last["content"]).split(wire.ACTION_SEP)
-            for part in [part.split("\n", 1)[0]]
-        )
+        heads = [wire.parse_tool_result_head(part.split("\n", 1)[0])
+                 for part in str(last["content"]).split(wire.ACTION_SEP)]  # fmt: skip
+        assert last["role"] == "user" and any(h is not None and h[1] for h in heads)
         assert p["rejected"] in str(p["state_messages"][-2]["content"])
     with pytest.raises(ValueError, match="at='later'"):
         recovery_pairs(traces, at="later")  # type: ignore[arg-type]
