@@ -215,7 +215,13 @@ def sandbox_metrics(model: Any, tok: Any, tasks: list[str], max_new_tokens: int)
 
 
 def measure(model, tok, sites, a) -> dict[str, Any]:
-    out = sites.measure(model, greedy=bool({"valid_rate", "tool_match_rate"} & set(a.metrics)))
+    # Adapters on the last lora_layers blocks leave the first ones as the base model's: their work on the
+    # held-out prompts is done once and replayed for every model sharing them (bit-identical numbers).
+    n = int(model.config.num_hidden_layers)
+    shared = n - a.lora_layers if 0 < a.lora_layers < n else 0
+    out = sites.measure(
+        model, greedy=bool({"valid_rate", "tool_match_rate"} & set(a.metrics)), shared_layers=shared
+    )
     if {"sandbox_reward", "sandbox_pass_rate"} & set(a.metrics):
         tasks = [t for t in a.sandbox_tasks.split(",") if t]
         out.update(sandbox_metrics(model, tok, tasks, a.sandbox_new_tokens))

@@ -32,12 +32,14 @@ per metric, and the spread across models comes from training seeds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from composer_replication import encoding
+from composer_replication.trainer.frozen_prefix import FrozenPrefix
 from composer_replication.trainer.onpolicy import ErrorSite, site_messages, site_prompts
 
 METRICS = ("recovery_ce", "hinted_jsd", "valid_rate", "tool_match_rate", "pref_accuracy")
@@ -98,6 +100,7 @@ class SiteSet:
         self.tok, self.pairs, self.max_len = tok, list(pairs), max_len
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.pad = encoding.pad_id(tok)
+        self._prefix: FrozenPrefix | None = None
         self.rows: list[_Row] = []
         for s in sites:
             msgs = site_messages(s, hinted=False)
@@ -119,6 +122,9 @@ class SiteSet:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def _shared(self, key: str) -> Any:
+        return self._prefix.call(key) if self._prefix is not None else nullcontext()
+
     def _chunks(self, items: list) -> list[list]:
         return [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
 
@@ -132,14 +138,18 @@ class SiteSet:
         eos = eos_token_ids(self.tok)
         ce, jsd, t_ce, answers, n = [], [], [], [], 0
         cut: list[float] = []
-        for chunk in self._chunks(self.rows):
+        for c, chunk in enumerate(self._chunks(self.rows)):
             recs = [r.rec for r in chunk]
-            pre = prefill(model, [r.prompt for r in chunk], self.pad)
-            s_log = continuation_logits(model, pre, recs, self.pad)
+            with self._shared(f"site{c}/prompt"):
+                pre = prefill(model, [r.prompt for r in chunk], self.pad)
+            with self._shared(f"site{c}/recovery"):
+                s_log = continuation_logits(model, pre, recs, self.pad)
             hinted = [k for k, r in enumerate(chunk) if r.hinted is not None]
             if hinted:
-                pre_t = prefill(model, [chunk[k].hinted for k in hinted], self.pad)
-                t_log = continuation_logits(model, pre_t, [recs[k] for k in hinted], self.pad)
+                with self._shared(f"site{c}/hinted"):
+                    pre_t = prefill(model, [chunk[k].hinted for k in hinted], self.pad)
+                with self._shared(f"site{c}/hinted_recovery"):
+                    t_log = continuation_logits(model, pre_t, [recs[k] for k in hinted], self.pad)
             for b, r in enumerate(chunk):
                 rows = s_log[b, : len(r.rec)]
                 labels = torch.tensor(r.rec, device=dev)
@@ -194,12 +204,14 @@ class SiteSet:
 
         dev = next(model.parameters()).device
         wins = 0
-        for chunk in self._chunks(self.pair_rows):
-            pre = prefill(model, [p.prompt for p in chunk], self.pad)
+        for c, chunk in enumerate(self._chunks(self.pair_rows)):
+            with self._shared(f"pair{c}/prompt"):
+                pre = prefill(model, [p.prompt for p in chunk], self.pad)
             avg = {}
             for side in ("chosen", "rejected"):
                 resp = [getattr(p, side) for p in chunk]
-                logits = continuation_logits(model, pre, resp, self.pad)
+                with self._shared(f"pair{c}/{side}"):
+                    logits = continuation_logits(model, pre, resp, self.pad)
                 avg[side] = [
                     float(token_logprobs(logits[b, : len(x)][None], torch.tensor([x], device=dev)).mean())
                     for b, x in enumerate(resp)
@@ -207,16 +219,28 @@ class SiteSet:
             wins += sum(c > r for c, r in zip(avg["chosen"], avg["rejected"], strict=True))
         return {"pref_accuracy": wins / len(self.pair_rows), "n_pairs": float(len(self.pair_rows))}
 
-    def measure(self, model: Any, *, greedy: bool = True) -> dict[str, Any]:
-        """All metrics for ``model`` (``answers`` holds the greedy answers, in site order)."""
+    def measure(self, model: Any, *, greedy: bool = True, shared_layers: int = 0) -> dict[str, Any]:
+        """All metrics for ``model`` (``answers`` holds the greedy answers, in site order).
+
+        ``shared_layers`` (n > 0): the models measured with this set share their first n decoder layers
+        and embeddings (adapters on later layers only): what those layers compute for the fixed prompts
+        and recoveries is recorded at the first model and replayed at the next ones whose weights there
+        are byte-equal (``trainer.frozen_prefix``; same numbers, ~n/L of the prefill work saved), the
+        greedy answers are decoded in full. Any other model is measured in full."""
+        if shared_layers and (self._prefix is None or self._prefix.n != shared_layers):
+            self._prefix = FrozenPrefix(shared_layers)
+        elif not shared_layers:
+            self._prefix = None
         was_training = model.training
         model.eval()
+        bound = self._prefix.bind(model) if self._prefix is not None else nullcontext()
         try:
-            out: dict[str, Any] = self._sites(model, greedy)
-            if greedy:
-                out["per_site"].update(out.pop("per_site_actions"))
-            if self.pair_rows:
-                out.update(self._pref(model))
+            with bound:
+                out: dict[str, Any] = self._sites(model, greedy)
+                if greedy:
+                    out["per_site"].update(out.pop("per_site_actions"))
+                if self.pair_rows:
+                    out.update(self._pref(model))
         finally:
             model.train(was_training)
         return out
