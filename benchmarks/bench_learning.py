@@ -214,14 +214,33 @@ def sandbox_metrics(model: Any, tok: Any, tasks: list[str], max_new_tokens: int)
     }
 
 
-def measure(model, tok, sites, a) -> dict[str, Any]:
-    # Adapters on the last lora_layers blocks leave the first ones as the base model's: their work on the
-    # held-out prompts is done once and replayed for every model sharing them (bit-identical numbers).
+def _n_shared(model: Any, a: argparse.Namespace) -> int:
+    """Adapters on the last ``lora_layers`` blocks leave the first ones the base model's: their work on
+    the same inputs is done once and replayed for every model sharing them (``trainer.frozen_prefix``;
+    bit-identical numbers)."""
     n = int(model.config.num_hidden_layers)
-    shared = n - a.lora_layers if 0 < a.lora_layers < n else 0
-    out = sites.measure(
-        model, greedy=bool({"valid_rate", "tool_match_rate"} & set(a.metrics)), shared_layers=shared
-    )
+    return n - a.lora_layers if 0 < a.lora_layers < n else 0
+
+
+def _shared_layers(model: Any, a: argparse.Namespace) -> Any:
+    """``model`` bound to the training runs' :class:`FrozenPrefix` (a no-op when no layer is shared):
+    batches, sampling prefills and DPO's reference passes repeat across runs and steps."""
+    import contextlib
+
+    from composer_replication.trainer.frozen_prefix import FrozenPrefix
+
+    n = _n_shared(model, a)
+    if n == 0:
+        return contextlib.nullcontext()
+    if n not in _TRAIN_PREFIX:
+        _TRAIN_PREFIX.clear()
+        _TRAIN_PREFIX[n] = FrozenPrefix(n)
+    return _TRAIN_PREFIX[n].bind(model)
+
+
+def measure(model, tok, sites, a) -> dict[str, Any]:
+    greedy = bool({"valid_rate", "tool_match_rate"} & set(a.metrics))
+    out = sites.measure(model, greedy=greedy, shared_layers=_n_shared(model, a))
     if {"sandbox_reward", "sandbox_pass_rate"} & set(a.metrics):
         tasks = [t for t in a.sandbox_tasks.split(",") if t]
         out.update(sandbox_metrics(model, tok, tasks, a.sandbox_new_tokens))
@@ -327,7 +346,8 @@ def one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work) ->
         stepper = OfflineStepper(
             cfg, model, tok, torch.device("cpu"), train_traces=train_traces, train_pairs=train_pairs
         )
-        log = [stepper.step() for _ in range(cfg.schedule.max_steps)]
+        with _shared_layers(model, a):  # the base model's first layers: their work done once per input
+            log = [stepper.step() for _ in range(cfg.schedule.max_steps)]
         info = {
             "channels": {
                 k: statistics.fmean(r.get(k, 0.0) for r in log) for k in log[0] if k.startswith("loss/")
@@ -366,6 +386,7 @@ def one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work) ->
 
 
 _TRAINED: dict[str, tuple[Any, dict]] = {}  # the last trained adapter (the GRPO variant starts from it)
+_TRAIN_PREFIX: dict[int, Any] = {}  # shared first layers' work of the training runs
 _MEASURED: dict[str, dict] = {}  # its metrics (a GRPO phase that moved nothing is not measured again)
 
 

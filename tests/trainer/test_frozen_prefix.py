@@ -79,20 +79,83 @@ def test_a_model_whose_first_layers_differ_is_measured_in_full(traces, tiny_toke
         assert got["per_site"] == _same_pre["per_site"]
 
 
-def test_a_replayed_call_with_other_inputs_raises(tiny_model):
+def test_calls_are_replayed_by_content_and_the_layers_restored(tiny_model):
     fp = FrozenPrefix(1)
-    ids = torch.tensor([[5, 6, 7, 8]])
-    with torch.no_grad(), fp.bind(tiny_model):
-        with fp.call("k"):
-            want = tiny_model(input_ids=ids).logits
-        with fp.call("k"):
-            assert torch.equal(tiny_model(input_ids=ids).logits, want)
-        assert fp.replayed == 1
-        with pytest.raises(RuntimeError, match="other inputs"), fp.call("k"):
-            tiny_model(input_ids=torch.tensor([[5, 6, 7, 9]]))
-    assert all(type(m).__name__ != "_Replay" for m in decoder_layers(tiny_model))  # layers put back
+    ids, other = torch.tensor([[5, 6, 7, 8]]), torch.tensor([[5, 6, 7, 9]])
+    with torch.no_grad(), fp.bind(tiny_model, weights_fixed=True) as shared:
+        assert shared
+        want = tiny_model(input_ids=ids).logits
+        assert torch.equal(tiny_model(input_ids=ids).logits, want) and fp.replayed == 1
+        with fp.call("k"):  # a key narrows a call, the content still decides
+            assert torch.equal(tiny_model(input_ids=ids).logits, want) and fp.replayed == 1
+        got = tiny_model(input_ids=other).logits  # other tokens: recorded, not replayed
+        assert fp.replayed == 1 and not torch.equal(got, want)
+    assert all("forward" not in vars(m) for m in decoder_layers(tiny_model))  # layers put back
+    with torch.no_grad():
+        assert torch.equal(tiny_model(input_ids=other).logits, got)
+
+
+def test_trainable_or_random_first_layers_are_never_shared(tiny_model):
+    fp = FrozenPrefix(1)
+    with fp.bind(tiny_model) as shared:  # a fresh model: every parameter trains
+        assert not shared
+    with fp.bind(tiny_model, weights_fixed=True) as shared:  # unless the caller says nothing updates
+        assert shared
+    for p in tiny_model.parameters():
+        p.requires_grad_(False)
+    tiny_model.config.attention_dropout = 0.1
+    with fp.bind(tiny_model, weights_fixed=True) as shared:
+        assert not shared
 
 
 def test_bad_layer_count():
     with pytest.raises(ValueError, match=">= 1"):
         FrozenPrefix(0)
+
+
+def test_training_steps_replayed_are_the_full_steps_exactly(ingested, tiny_tokenizer, tiny_model_dir):
+    """SFT + on-policy SDPO + DPO steps of an adapter on the last layer: a second run of the same seed
+    replays the first run's shared-layer work and ends with exactly the same losses and weights."""
+    import copy
+
+    from composer_replication.config import build_config
+    from composer_replication.ingestion import read_examples
+    from composer_replication.models import build_tiny_model
+    from composer_replication.trainer.offline import OfflineStepper
+    from composer_replication.trainer.offline_parts import apply_lora, seed_everything
+
+    traces = list(read_examples(ingested / "traces.jsonl"))
+    pairs = [dict(p) for p in recovery_pairs(traces)]
+    cfg = build_config({
+        "mode": "offline", "seed": 3, "model": {"path": str(tiny_model_dir)},
+        "data": {"traces": str(ingested / "traces.jsonl"), "max_seq_len": 96, "max_dpo_seq_len": 96},
+        "loss": {"sdpo": {"weight": 1.0, "source": "on_policy", "on_policy": {"max_new_tokens": 6}},
+                 "preference": {"weight": 0.1}},
+        "optimizer": {"lr": 0.01}, "schedule": {"max_steps": 3, "batch_size": 2},
+        "lora": {"enabled": True, "r": 4, "alpha": 8, "target_modules": r".*\.layers\.1\.(self_attn|mlp)\.\w+_proj"},
+        "logging": {"progress": False, "plot": False},
+    })  # fmt: skip
+    base = build_tiny_model(tokenizer=tiny_tokenizer, seed=0)
+
+    def run(prefix: FrozenPrefix | None) -> tuple[list[dict], dict]:
+        seed_everything(cfg.seed, True)
+        model = apply_lora(copy.deepcopy(base), cfg)
+        model.train()
+        stepper = OfflineStepper(cfg, model, tiny_tokenizer, torch.device("cpu"), train_traces=traces,
+                                 train_pairs=pairs)  # fmt: skip
+        if prefix is None:
+            log = [stepper.step() for _ in range(3)]
+        else:
+            with prefix.bind(model) as shared:
+                assert shared
+                log = [stepper.step() for _ in range(3)]
+        return log, {k: v.clone() for k, v in model.state_dict().items() if "lora_" in k}
+
+    want_log, want_w = run(None)
+    prefix = FrozenPrefix(1)
+    for _ in range(2):
+        before = prefix.replayed
+        log, w = run(prefix)
+        assert log == want_log
+        assert w.keys() == want_w.keys() and all(torch.equal(w[k], want_w[k]) for k in w)
+    assert prefix.recorded > 0 and prefix.replayed - before >= 3  # at least each step's SFT batch

@@ -1,25 +1,28 @@
-"""Do the work of a model's first decoder layers once for every model that shares them.
+"""Do the work of a model's first decoder layers once for every model and call that shares it.
 
 A LoRA adapter on the last layers leaves the first ``n`` decoder layers (and the embeddings) of the base
-model untouched, so measuring the base model and then several adapters on the same prompts repeats the
-same computation in those layers: with adapters on the last 8 of SmolLM2-135M's 30 layers, 22 of 30
-layers of every held-out prefill. :class:`FrozenPrefix` records, per forward call, what those layers
-produce (layer ``n - 1``'s output and the keys/values each of them adds to the KV cache) at the first
-model, and replays it at every later model whose first ``n`` layers hold the very same weights (a
-fingerprint of their bytes): that model runs only layers ``n`` and up. The same inputs through the same
-weights in the same shapes give the same bits, so a replayed call returns exactly what the full forward
-returns (tested to equality); a model whose first layers differ is run in full.
+model untouched, so training and measuring several adapters on the same data repeats the same computation
+in those layers: with adapters on the last 8 of SmolLM2-135M's 30 layers, 22 of 30 layers of every
+forward. :class:`FrozenPrefix` records, per forward call, what those layers produce (layer ``n - 1``'s
+output, and the keys/values each adds to the KV cache) and replays it when the same call comes again, in
+any model whose first ``n`` layers hold the very same weights (a fingerprint of their bytes, checked when
+the model is bound): the layers then return the recorded tensors instead of computing. The same inputs
+through the same weights in the same shapes give the same bits, so a replayed call returns exactly what
+the full forward returns (tested to equality, training and measuring).
 
-Key only calls whose inputs and prior KV cache do not depend on the model: prefills of fixed prompts and
-teacher-forced continuations of fixed tokens, never decoding steps. A replayed call whose embeddings,
-positions or attention mask differ from the recorded ones raises instead of answering wrongly.
+Which calls: one whose KV cache is empty or absent is addressed by its content (the embeddings,
+positions, attention mask and autocast state the first layer receives); one continuing a cache is
+replayed only under an explicit key (:meth:`FrozenPrefix.call`) from a caller that knows the cache holds
+the same tokens, and its content is still checked; anything else (decoding steps) runs in full. Layers
+with a trainable parameter or an active dropout are never shared (the model runs in full).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +58,19 @@ def fingerprint(model: Any, n: int) -> str:
     return h.hexdigest()
 
 
+def _shareable(model: Any, n: int, weights_fixed: bool) -> bool:
+    """Nothing in the first ``n`` layers or the embeddings trains (unless the caller says no weight
+    changes while bound) or draws random numbers."""
+    mods = (model.get_input_embeddings(), *decoder_layers(model)[:n])
+    if not weights_fixed and any(p.requires_grad for m in mods for p in m.parameters()):
+        return False
+    if any(isinstance(x, nn.Dropout) and x.p > 0 for m in mods for x in m.modules()):
+        return False
+    return not float(getattr(model.config, "attention_dropout", 0.0) or 0.0) > 0
+
+
 def _inputs_digest(hidden: torch.Tensor, kwargs: dict[str, Any]) -> str:
-    """What the first layer is given: embeddings, positions, attention mask, the KV cache's length."""
+    """What the first layer is given: embeddings, positions, attention mask, cache length, autocast."""
     h = hashlib.blake2b(digest_size=16)
     _update(h, hidden)
     for name in ("position_ids", "attention_mask"):
@@ -65,113 +79,118 @@ def _inputs_digest(hidden: torch.Tensor, kwargs: dict[str, Any]) -> str:
         if isinstance(v, torch.Tensor):
             _update(h, v)
     cache = kwargs.get("cache")
-    h.update(str(None if cache is None else cache.get_seq_length()).encode())
+    auto = torch.is_autocast_enabled(hidden.device.type)
+    dtype = torch.get_autocast_dtype(hidden.device.type) if auto else None
+    h.update(f"{None if cache is None else cache.get_seq_length()}|{auto}|{dtype}".encode())
     return h.hexdigest()
 
 
 @dataclass
 class _Call:
-    digest: str
     out: torch.Tensor  # layer n - 1's output
     kv: list[tuple[torch.Tensor, torch.Tensor]] | None  # the keys/values each layer added (None: no cache)
 
-
-class _Replay(nn.Module):
-    """Stands in for decoder layer ``i`` < n during one replayed call."""
-
-    def __init__(self, i: int, key: str, call: _Call, last: bool) -> None:
-        super().__init__()
-        self.i, self.key, self.call, self.last = i, key, call, last
-
-    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        cache = kwargs.get("cache")
-        if self.i == 0 and _inputs_digest(hidden_states, kwargs) != self.call.digest:
-            raise RuntimeError(f"frozen prefix: call {self.key!r} was given other inputs than were recorded")
-        if cache is not None:
-            if self.call.kv is None:
-                raise RuntimeError(f"frozen prefix: call {self.key!r} was recorded without a KV cache")
-            k, v = self.call.kv[self.i]
-            cache.update(k, v, self.i)
-        return self.call.out if self.last else hidden_states
+    def nbytes(self) -> int:
+        kv = sum(k.nbytes + v.nbytes for k, v in self.kv or [])
+        return self.out.nbytes + kv
 
 
 class FrozenPrefix:
-    """Records and replays the first ``n`` decoder layers' work per keyed forward call.
+    """Records and replays the first ``n`` decoder layers' work (see the module's docstring).
 
-    ``with fp.bind(model):`` selects the model (the first one bound owns the recordings; a model whose
-    first ``n`` layers differ from the owner's runs in full), then ``with fp.call(key):`` around exactly
-    one forward call records it (first time) or replays it.
+    ``with fp.bind(model):`` patches those layers' ``forward`` for the block (the module tree and state
+    dict stay as they are); the first model bound owns the recordings and a later one is shared only when
+    its fingerprint is the same. Recordings are kept up to ``max_bytes`` (least recently used dropped).
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, *, max_bytes: int = 3 << 30) -> None:
         if n < 1:
             raise ValueError(f"shared layers must be >= 1, got {n}")
-        self.n = n
+        self.n, self.max_bytes = n, max_bytes
         self.owner: str | None = None
-        self.calls: dict[str, _Call] = {}
-        self._layers: nn.ModuleList | None = None
-        self.replayed = 0
+        self.calls: OrderedDict[str, _Call] = OrderedDict()
+        self.replayed = self.recorded = 0
+        self._key: str | None = None
+        self._state: dict[str, Any] = {}
 
     @contextmanager
-    def bind(self, model: Any) -> Iterator[bool]:
-        """Within, :meth:`call` records or replays for ``model``; yields whether it shares the layers."""
-        fp = fingerprint(model, self.n)
+    def bind(self, model: Any, *, weights_fixed: bool = False) -> Iterator[bool]:
+        """Within, ``model``'s forward calls are recorded and replayed; yields whether it is shared.
+        Its first layers must not train, unless ``weights_fixed`` (nothing updates them in the block,
+        e.g. a measurement under ``torch.no_grad``)."""
+        fp = fingerprint(model, self.n) if _shareable(model, self.n, weights_fixed) else None
         self.owner = self.owner or fp
-        self._layers = decoder_layers(model) if fp == self.owner else None
-        try:
-            yield self._layers is not None
-        finally:
-            self._layers = None
-
-    def call(self, key: str) -> Any:
-        """A context around one forward call of the bound model (a no-op when none is bound)."""
-        if self._layers is None:
-            return nullcontext()
-        rec = self.calls.get(key)
-        return self._record(self._layers, key) if rec is None else self._replay(self._layers, key, rec)
-
-    @contextmanager
-    def _record(self, layers: nn.ModuleList, key: str) -> Iterator[None]:
-        n = self.n
-        seen: dict[str, Any] = {"kv": [None] * n}
-
-        def first(mod: nn.Module, args: tuple, kwargs: dict) -> None:
-            hidden = args[0] if args else kwargs["hidden_states"]
-            seen["digest"], seen["width"] = _inputs_digest(hidden, kwargs), hidden.shape[1]
-            seen["cached"] = kwargs.get("cache") is not None
-
-        def after(i: int) -> Any:
-            def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-                cache = kwargs.get("cache")
-                if cache is not None:
-                    layer, w = cache.layers[i], seen["width"]
-                    if getattr(layer, "is_sliding", False):
-                        seen["unsupported"] = True
-                    else:
-                        seen["kv"][i] = (layer.keys[..., -w:, :].clone(), layer.values[..., -w:, :].clone())
-                if i == n - 1:
-                    seen["out"] = (out[0] if isinstance(out, tuple) else out).detach().clone()
-
-            return hook
-
-        handles = [layers[0].register_forward_pre_hook(first, with_kwargs=True)]
-        handles += [layers[i].register_forward_hook(after(i), with_kwargs=True) for i in range(n)]
-        try:
-            yield
-            if "out" in seen and not seen.get("unsupported"):
-                self.calls[key] = _Call(seen["digest"], seen["out"], seen["kv"] if seen["cached"] else None)
-        finally:
-            for h in handles:
-                h.remove()
-
-    @contextmanager
-    def _replay(self, layers: nn.ModuleList, key: str, rec: _Call) -> Iterator[None]:
-        kept = [layers[i] for i in range(self.n)]
+        if fp is None or fp != self.owner:
+            yield False
+            return
+        layers = decoder_layers(model)
+        own = [layers[i].__dict__.get("forward") for i in range(self.n)]  # e.g. accelerate's hooks
         for i in range(self.n):
-            layers[i] = _Replay(i, key, rec, last=i == self.n - 1)
+            layers[i].forward = self._patched(i, layers[i].forward)
+        try:
+            yield True
+        finally:
+            for i, f in enumerate(own):
+                if f is None:
+                    del layers[i].forward
+                else:
+                    layers[i].forward = f
+            self._state = {}
+
+    @contextmanager
+    def call(self, key: str) -> Iterator[None]:
+        """Around one forward call that continues a KV cache holding the same tokens at every model."""
+        self._key = key
         try:
             yield
-            self.replayed += 1
         finally:
-            for i, layer in enumerate(kept):
-                layers[i] = layer
+            self._key = None
+
+    def _patched(self, i: int, forward: Any) -> Any:
+        def run(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if i == 0:
+                self._state = self._begin(hidden_states, kwargs)
+            st = self._state
+            if st.get("mode") == "replay":
+                rec: _Call = st["rec"]
+                if kwargs.get("cache") is not None:
+                    if rec.kv is None:
+                        raise RuntimeError("frozen prefix: a call recorded without a KV cache got one")
+                    kwargs["cache"].update(*rec.kv[i], i)
+                return rec.out if i == self.n - 1 else hidden_states
+            out = forward(hidden_states, *args, **kwargs)
+            if st.get("mode") == "record":
+                self._capture(i, st, out, kwargs.get("cache"), hidden_states.shape[1])
+            return out
+
+        return run
+
+    def _begin(self, hidden: torch.Tensor, kwargs: dict[str, Any]) -> dict[str, Any]:
+        cache = kwargs.get("cache")
+        fresh = cache is None or cache.get_seq_length() == 0
+        if self._key is None and not fresh:
+            return {"mode": "run"}  # a decoding step: its cache's contents are the model's own
+        digest = _inputs_digest(hidden, kwargs)
+        key = digest if self._key is None else f"{self._key}|{digest}"
+        rec = self.calls.get(key)
+        if rec is not None:
+            self.calls.move_to_end(key)
+            self.replayed += 1
+            return {"mode": "replay", "rec": rec}
+        return {"mode": "record", "key": key, "kv": [], "cached": cache is not None}
+
+    def _capture(self, i: int, st: dict[str, Any], out: Any, cache: Any, width: int) -> None:
+        if cache is not None:
+            layer = cache.layers[i]
+            if getattr(layer, "is_sliding", False):  # a window may have dropped positions: never shared
+                st["mode"] = "run"
+                return
+            st["kv"].append((layer.keys[..., -width:, :].clone(), layer.values[..., -width:, :].clone()))
+        if i == self.n - 1:
+            hidden = (out[0] if isinstance(out, tuple) else out).detach().clone()
+            rec = _Call(hidden, st["kv"] if st["cached"] else None)
+            self.calls[st["key"]] = rec
+            self.recorded += 1
+            total = sum(c.nbytes() for c in self.calls.values())
+            while total > self.max_bytes and len(self.calls) > 1:
+                total -= self.calls.popitem(last=False)[1].nbytes()

@@ -233,7 +233,7 @@ class SiteSet:
             self._prefix = None
         was_training = model.training
         model.eval()
-        bound = self._prefix.bind(model) if self._prefix is not None else nullcontext()
+        bound = self._prefix.bind(model, weights_fixed=True) if self._prefix is not None else nullcontext()
         try:
             with bound:
                 out: dict[str, Any] = self._sites(model, greedy)
