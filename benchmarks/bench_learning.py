@@ -222,9 +222,9 @@ def _n_shared(model: Any, a: argparse.Namespace) -> int:
     return n - a.lora_layers if 0 < a.lora_layers < n else 0
 
 
-def _shared_layers(model: Any, a: argparse.Namespace) -> Any:
-    """``model`` bound to the training runs' :class:`FrozenPrefix` (a no-op when no layer is shared):
-    batches, sampling prefills and DPO's reference passes repeat across runs and steps."""
+def _shared_layers(model: Any, a: argparse.Namespace, *, weights_fixed: bool = False) -> Any:
+    """``model`` bound to the runs' :class:`FrozenPrefix` (a no-op when no layer is shared): training
+    batches, sampling prefills and the sandbox prompts repeat across runs and steps."""
     import contextlib
 
     from composer_replication.trainer.frozen_prefix import FrozenPrefix
@@ -235,7 +235,7 @@ def _shared_layers(model: Any, a: argparse.Namespace) -> Any:
     if n not in _TRAIN_PREFIX:
         _TRAIN_PREFIX.clear()
         _TRAIN_PREFIX[n] = FrozenPrefix(n)
-    return _TRAIN_PREFIX[n].bind(model)
+    return _TRAIN_PREFIX[n].bind(model, weights_fixed=weights_fixed)
 
 
 def measure(model, tok, sites, a) -> dict[str, Any]:
@@ -243,7 +243,8 @@ def measure(model, tok, sites, a) -> dict[str, Any]:
     out = sites.measure(model, greedy=greedy, shared_layers=_n_shared(model, a))
     if {"sandbox_reward", "sandbox_pass_rate"} & set(a.metrics):
         tasks = [t for t in a.sandbox_tasks.split(",") if t]
-        out.update(sandbox_metrics(model, tok, tasks, a.sandbox_new_tokens))
+        with _shared_layers(model, a, weights_fixed=True):  # the task prompts' prefill
+            out.update(sandbox_metrics(model, tok, tasks, a.sandbox_new_tokens))
     return out
 
 
@@ -386,7 +387,7 @@ def one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work) ->
 
 
 _TRAINED: dict[str, tuple[Any, dict]] = {}  # the last trained adapter (the GRPO variant starts from it)
-_TRAIN_PREFIX: dict[int, Any] = {}  # shared first layers' work of the training runs
+_TRAIN_PREFIX: dict[int, Any] = {}  # the shared first layers' work: training runs, sandbox prompts
 _MEASURED: dict[str, dict] = {}  # its metrics (a GRPO phase that moved nothing is not measured again)
 
 
