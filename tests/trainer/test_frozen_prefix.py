@@ -108,9 +108,14 @@ def test_trainable_or_random_first_layers_are_never_shared(tiny_model):
         assert not shared
 
 
-def test_bad_layer_count():
+def test_bad_layer_count(tiny_model):
     with pytest.raises(ValueError, match=">= 1"):
         FrozenPrefix(0)
+    with (
+        pytest.raises(ValueError, match="decoder layers"),
+        FrozenPrefix(9).bind(tiny_model, weights_fixed=True),
+    ):
+        pass
 
 
 def test_training_steps_replayed_are_the_full_steps_exactly(ingested, tiny_tokenizer, tiny_model_dir):

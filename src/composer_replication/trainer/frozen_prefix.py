@@ -118,12 +118,14 @@ class FrozenPrefix:
         """Within, ``model``'s forward calls are recorded and replayed; yields whether it is shared.
         Its first layers must not train, unless ``weights_fixed`` (nothing updates them in the block,
         e.g. a measurement under ``torch.no_grad``)."""
+        layers = decoder_layers(model)
+        if self.n > len(layers):
+            raise ValueError(f"shared layers: {self.n} > the model's {len(layers)} decoder layers")
         fp = fingerprint(model, self.n) if _shareable(model, self.n, weights_fixed) else None
         self.owner = self.owner or fp
         if fp is None or fp != self.owner:
             yield False
             return
-        layers = decoder_layers(model)
         own = [layers[i].__dict__.get("forward") for i in range(self.n)]  # e.g. accelerate's hooks
         for i in range(self.n):
             layers[i].forward = self._patched(i, layers[i].forward)
@@ -157,7 +159,7 @@ class FrozenPrefix:
                     if rec.kv is None:
                         raise RuntimeError("frozen prefix: a call recorded without a KV cache got one")
                     kwargs["cache"].update(*rec.kv[i], i)
-                return rec.out if i == self.n - 1 else hidden_states
+                return rec.out.clone() if i == self.n - 1 else hidden_states  # a copy: callers may write
             out = forward(hidden_states, *args, **kwargs)
             if st.get("mode") == "record":
                 self._capture(i, st, out, kwargs.get("cache"), hidden_states.shape[1])
