@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--on-policy-temperature", type=float, default=1.0)
     p.add_argument("--privileged", choices=("none", "recovery"), default="recovery",
                    help="what the on-policy teacher sees beyond the hint (loss.sdpo.on_policy.privileged)")  # fmt: skip
-    p.add_argument("--dpo-weight", type=float, default=0.1, help="beta of the preference channel")
+    p.add_argument("--dpo-weight", type=float, default=0.03,
+                   help="beta of the preference channel (0.03: chosen on a validation slice, docs/training.md)")  # fmt: skip
     p.add_argument("--dpo-pairs", choices=("failure", "recovery", "both"), default="failure",
                    help="where the training recovery pairs sit (offline_data.recovery_pairs at=): before the "
                    "failed step, after its error result (the recovery's state, the failed step repeated "
