@@ -164,3 +164,14 @@ def test_training_steps_replayed_are_the_full_steps_exactly(ingested, tiny_token
         assert log == want_log
         assert w.keys() == want_w.keys() and all(torch.equal(w[k], want_w[k]) for k in w)
     assert prefix.recorded > 0 and prefix.replayed - before >= 3  # at least each step's SFT batch
+
+
+def test_the_fingerprint_covers_the_rotary_frequencies(tiny_model):
+    """Same layer weights under another RoPE base give other layer outputs: never shared."""
+    import copy
+
+    other = copy.deepcopy(tiny_model)
+    rotary = next(m for name, m in other.named_modules() if name.endswith("rotary_emb"))
+    with torch.no_grad():
+        rotary.inv_freq.mul_(0.5)
+    assert fingerprint(other, 1) != fingerprint(tiny_model, 1)

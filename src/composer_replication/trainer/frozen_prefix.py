@@ -48,10 +48,12 @@ def _update(h: Any, t: torch.Tensor) -> None:
 
 
 def fingerprint(model: Any, n: int) -> str:
-    """A digest of the names and bytes of every parameter and buffer of the input embeddings and the
-    first ``n`` decoder layers (an adapter module there changes it, even one that adds zero)."""
+    """A digest of the names and bytes of every parameter and buffer of the input embeddings, the rotary
+    position embedding (its frequencies) and the first ``n`` decoder layers (an adapter module there
+    changes it, even one that adds zero)."""
     h = hashlib.blake2b(digest_size=16)
-    for mod in (model.get_input_embeddings(), *decoder_layers(model)[:n]):
+    rotary = [m for name, m in model.named_modules() if name.endswith("rotary_emb")]
+    for mod in (model.get_input_embeddings(), *rotary, *decoder_layers(model)[:n]):
         for name, t in (*mod.named_parameters(), *mod.named_buffers()):
             h.update(name.encode())
             _update(h, t)
