@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="weights and compute, training and measuring (bfloat16: ~2.8x faster matmuls on CPUs "
-                   "with AVX512-BF16)")  # fmt: skip
+                   "with AVX512-BF16 or AMX, several times slower on CPUs without them)")  # fmt: skip
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of the variants")
     p.add_argument("--metrics", default=",".join(METRICS), help="comma-separated subset of the metrics")
     p.add_argument("--steps", type=int, default=24, help="optimizer steps per training run")
@@ -132,11 +132,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         fail(f"--grpo-generations {a.grpo_generations}: a GRPO group needs at least 2 completions")
     if a.grpo_temperature <= 0 or a.grpo_lr <= 0:
         fail(f"--grpo-temperature {a.grpo_temperature} / --grpo-lr {a.grpo_lr}: both must be above 0")
+    if a.dtype == "bfloat16" and not bf16_native():
+        print("bench_learning.py: warning: --dtype bfloat16 on a CPU without AVX512-BF16 or AMX: its bf16 "
+              "matmuls are emulated, several times slower than float32 (docs/benchmarks/learning.md)",
+              file=sys.stderr)  # fmt: skip
     if a.quick:
         a.seeds = 1
     if a.seeds < 1:
         fail(f"--seeds {a.seeds}: need at least one seed")
     return a
+
+
+def bf16_native(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX flags in ``/proc/cpuinfo``);
+    True where that cannot be read (no claim either way)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return True
+    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split()}
+    return not flags or bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
 # ----------------------------------------------------------------------------- data

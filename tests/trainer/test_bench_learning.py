@@ -132,6 +132,8 @@ def test_bfloat16_runs_are_measured_and_cached_apart(folders, tmp_path):
               "--metrics", "recovery_ce,hinted_jsd,valid_rate", "--max-new-tokens", "8"]  # fmt: skip
     r = bench(*common, "--dtype", "bfloat16")
     assert r.returncode == 0, r.stderr[-3000:]
+    # emulated bf16 (no AVX512-BF16 / AMX) is several times slower than float32: the script says so
+    assert ("without AVX512-BF16 or AMX" in r.stderr) == (not _module().bf16_native())
     bf16 = json.loads(out.read_text())
     assert bf16["config"]["dtype"] == "bfloat16"
     for name in ("base", "sft+sdpo_on_policy", "sft+sdpo+dpo+grpo"):
@@ -175,3 +177,22 @@ def test_run_key_ignores_only_the_settings_of_channels_a_variant_lacks(folders):
     lr = keys("--lr", "0.002")  # a training setting moves every trained variant, not the base model
     assert [n for n in default if default[n] != lr[n]] == list(default)[1:]
     assert keys("--dtype", "bfloat16")["base"] != default["base"]
+
+
+def _module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_learning", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bf16_native_reads_the_cpu_flags():
+    mod = _module()
+    zen3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    zen4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
+    spr = "flags\t\t: avx2 amx_bf16 amx_tile\n"
+    assert not mod.bf16_native(zen3)
+    assert mod.bf16_native(zen4) and mod.bf16_native(spr)
+    assert mod.bf16_native("")  # nothing to read: no claim, no warning
