@@ -151,11 +151,7 @@ def test_bfloat16_runs_are_measured_and_cached_apart(folders, tmp_path):
 
 
 def test_run_key_ignores_only_the_settings_of_channels_a_variant_lacks(folders):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_learning", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _module()
     train, held = folders
     base = ["--train-sessions", str(train), "--eval-sessions", str(held), "--out", "o.json"]
 
