@@ -108,3 +108,40 @@ def test_grpo_settings_have_one_place_and_old_files_still_load(tmp_path):
     with pytest.raises(ValueError, match=r"move train.grpo.objective .*grpo.objective") as exc:
         load_run_config(clash)
     assert str(clash) in str(exc.value)
+
+
+def test_online_phase_warmup_is_its_own_and_never_swallows_the_phase(tmp_path):
+    """HF warm-up starts at lr 0: a phase that ends inside it would train at (almost) nothing, so it is
+    rejected naming the field that set it; ``grpo.warmup_steps`` overrides the offline phase's."""
+    (tmp_path / "p.jsonl").write_text("{}\n")
+    inherited = tmp_path / "inherited.yaml"
+    inherited.write_text("train: {schedule: {warmup_steps: 3}}\ngrpo: {enabled: true, max_steps: 1}\n")
+    with pytest.raises(ValueError, match=r"train.schedule.warmup_steps=3 with grpo.max_steps=1") as exc:
+        load_run_config(inherited)
+    assert str(inherited) in str(exc.value) and "grpo.warmup_steps" in str(exc.value)
+    own = tmp_path / "own.yaml"
+    own.write_text(
+        "train: {schedule: {warmup_steps: 3}}\ngrpo: {enabled: true, max_steps: 4, warmup_steps: 4}\n"
+    )
+    with pytest.raises(ValueError, match=r"grpo.warmup_steps=4 with grpo.max_steps=4"):
+        load_run_config(own)
+    fixed = tmp_path / "fixed.yaml"
+    fixed.write_text(
+        "train: {schedule: {warmup_steps: 3}}\ngrpo: {enabled: true, max_steps: 1, warmup_steps: 0}\n"
+    )
+    rc = load_run_config(fixed)
+    online = rc.train_config("grpo", model="m", traces=None, pairs=str(tmp_path / "p.jsonl"))
+    assert (online.schedule.warmup_steps, online.schedule.max_steps) == (0, 1)
+    offline = rc.train_config("offline", model="m", traces=None, pairs=str(tmp_path / "p.jsonl"))
+    assert offline.schedule.warmup_steps == 3
+    # a long enough phase keeps the offline phase's warm-up (examples/cpu.yaml: 3 of 10 steps)
+    long = load_run_config(REPO / "examples" / "cpu.yaml")
+    assert (
+        long.train_config(
+            "grpo", model="m", traces=None, pairs=str(tmp_path / "p.jsonl")
+        ).schedule.warmup_steps
+        == 3
+    )
+    from composer_replication.pipeline import demo_config
+
+    assert demo_config().grpo.warmup_steps == demo_config(fast=True).grpo.warmup_steps == 0  # a 1-step phase

@@ -154,6 +154,13 @@ class PairsConfig(_Section):
         ge=1,
         description="Minimum number of teachers whose canonical actions agree (and differ from the student's) for a pair to fire.",
     )
+    recovery: Literal["none", "failure", "recovery", "both"] = Field(
+        "none",
+        description="Also mine teacher-free recovery pairs from the training traces (never the held-out ones): at each "
+        "tool error followed by an assistant turn, the recovery chosen over the failed action, in the state before the "
+        "failed action (`failure`), after its error result (`recovery`) or both (`trainer.offline_data.recovery_pairs`). "
+        "They join the teachers' pairs in `pairs/raw_pairs.jsonl`; `none`: teachers' pairs only.",
+    )
 
 
 class NormalizeConfig(_Section):
@@ -177,6 +184,13 @@ class GRPOPhaseConfig(GRPOSection):
     max_steps: int = Field(2, ge=1, description="Optimizer steps of the online phase.")
     lr: float | None = Field(
         None, gt=0.0, description="Learning rate of the online phase; default `train.optimizer.lr`."
+    )
+    warmup_steps: int | None = Field(
+        None,
+        ge=0,
+        description="Warm-up steps of the online phase; default `train.schedule.warmup_steps`. It must be below "
+        "`max_steps` (or 0): a warm-up starts at learning rate 0, so a phase that ends inside it trains at a "
+        "fraction of `lr` (a 1-step phase with any warm-up changes no weight).",
     )
     tasks: list[str] = Field(
         default_factory=list,
@@ -300,6 +314,19 @@ class RunConfig(_Section):
                 p if p.startswith("grpo.") else f"train.{p}"
                 for p in grpo_config_problems(self.train, pipeline=True, grpo=self.grpo)
             ]
+            warmup = (
+                self.train.schedule.warmup_steps if self.grpo.warmup_steps is None else self.grpo.warmup_steps
+            )
+            if warmup and warmup >= self.grpo.max_steps:
+                where = (
+                    "grpo.warmup_steps"
+                    if self.grpo.warmup_steps is not None
+                    else "train.schedule.warmup_steps"
+                )
+                problems.append(
+                    f"{where}={warmup} with grpo.max_steps={self.grpo.max_steps}: the phase would end inside its "
+                    "warm-up, which starts at learning rate 0; set grpo.warmup_steps below grpo.max_steps (e.g. 0)"
+                )
             if self.grpo.reward.type != "teacher_match":  # the default; the phase has its own reward
                 problems.append(
                     "grpo.reward: the GRPO phase scores with the sandbox's shaped reward; remove it"
@@ -316,13 +343,15 @@ class RunConfig(_Section):
 
     def train_config(self, mode: str, *, model: str, traces: str | None, pairs: str | None) -> TrainConfig:
         """The trainer's ``TrainConfig`` for one phase: ``train`` + the algorithm fields of ``grpo`` + the
-        pipeline's model and data files; the GRPO phase trains ``grpo.max_steps`` steps at ``grpo.lr``."""
+        pipeline's model and data files; the GRPO phase trains ``grpo.max_steps`` steps at ``grpo.lr`` after ``grpo.warmup_steps``."""
         data = self.train.model_dump(mode="json")
         data["data"].update(traces=traces, pairs=pairs)
         data["grpo"] = self.grpo.model_dump(mode="json", include=set(GRPOSection.model_fields))
         data["mode"], data["model"] = mode, {"path": model}
         if mode == "grpo":
             data["schedule"]["max_steps"] = self.grpo.max_steps
+            if self.grpo.warmup_steps is not None:
+                data["schedule"]["warmup_steps"] = self.grpo.warmup_steps
             if self.grpo.lr is not None:
                 data["optimizer"]["lr"] = self.grpo.lr
         return build_config(data, source=f"run config (train, {mode} phase)")

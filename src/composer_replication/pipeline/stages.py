@@ -21,7 +21,7 @@ import asyncio
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from composer_replication._io import atomic_write_json, read_jsonl, write_jsonl_atomic
 from composer_replication.config.run import RunConfig
@@ -36,7 +36,7 @@ from composer_replication.pipeline.training import (
 )
 
 if TYPE_CHECKING:
-    from composer_replication.teacher_replay.types import TeacherCallResult, TeacherSpec, TraceState
+    from composer_replication.teacher_replay.types import DPOPair, TeacherCallResult, TeacherSpec, TraceState
 
 # ----------------------------------------------------------------------------- ingest + split
 
@@ -207,7 +207,8 @@ def _pairs(ctx: RunContext) -> dict[str, Any]:
     states = cast("list[TraceState]", list(read_states(ctx.path("replay", "states.jsonl"))))
     calls = cast("list[TeacherCallResult]", list(read_jsonl(ctx.path("replay", "teacher_calls.jsonl"))))
     pairs = extract_dpo_pairs(states, calls, agreement_threshold=ctx.config.pairs.agreement_threshold)
-    save_pairs(pairs, ctx.path("pairs", "raw_pairs.jsonl"))
+    recovery = _recovery_pairs(ctx)
+    save_pairs([*pairs, *recovery], ctx.path("pairs", "raw_pairs.jsonl"))
     per_teacher = {t["slug"]: 0 for t in teacher_specs(ctx)}
     by_state: dict[str, list[TeacherCallResult]] = {}
     for c in calls:
@@ -218,7 +219,26 @@ def _pairs(ctx: RunContext) -> dict[str, Any]:
             if c.get("error") is None and canonical_action(c.get("response_text")) == want:
                 per_teacher[c["teacher_slug"]] = per_teacher.get(c["teacher_slug"], 0) + 1
     atomic_write_json(ctx.path("pairs", "per_teacher.json"), per_teacher)
-    return {"states": len(states), "pairs": len(pairs)}
+    out = {"states": len(states), "pairs": len(pairs)}
+    if ctx.config.pairs.recovery != "none":
+        out["recovery_pairs"] = len(recovery)
+    return out
+
+
+def _recovery_pairs(ctx: RunContext) -> list[DPOPair]:
+    """Teacher-free pairs (``pairs.recovery``) from the training split's traces: held-out traces never
+    reach training through them."""
+    from composer_replication.ingestion.store import read_rows
+    from composer_replication.trainer.offline_data import recovery_pairs
+
+    where = ctx.config.pairs.recovery
+    if where == "none":
+        return []
+    traces = list(read_rows(ctx.path("split", "train_traces.jsonl")))
+    sides: tuple[Literal["failure", "recovery"], ...] = (
+        ("failure", "recovery") if where == "both" else (where,)
+    )
+    return [cast("DPOPair", p) for at in sides for p in recovery_pairs(traces, at=at)]
 
 
 def _normalize(ctx: RunContext) -> dict[str, Any]:
@@ -324,10 +344,10 @@ def build_stages() -> list[Stage]:
         Stage(
             "pairs",
             ("replay", "pairs"),
-            _p("replay/states.jsonl", "replay/teacher_calls.jsonl"),
+            _p("replay/states.jsonl", "replay/teacher_calls.jsonl", "split/train_traces.jsonl"),
             _p("pairs/raw_pairs.jsonl", "pairs/per_teacher.json"),
             _pairs,
-            description="consensus preference pairs",
+            description="consensus preference pairs (and recovery pairs: pairs.recovery)",
         ),
         Stage(
             "normalize",
