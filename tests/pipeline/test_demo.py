@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from composer_replication._io import read_jsonl
 from composer_replication.datagen.tasks import bundled_tasks
 from composer_replication.pipeline.manifest import Manifest
 
@@ -25,6 +26,12 @@ def test_fast_demo_runs_every_stage_offline(tmp_path):
     }
     assert m.stages["split"].summary["heldout_error_sites"] == 28  # the 6 sessions of learning_sessions/eval
     assert m.stages["replay"].summary["calls"] == 12 and m.stages["replay"].summary["spent_usd"] == 0.0
+    # the preference channel has pairs in both phases: the training sessions' recoveries (pairs.recovery)
+    n_pairs = m.stages["pairs"].summary["recovery_pairs"]
+    assert n_pairs > 0 and m.stages["normalize"].summary["pairs_out"] > 0
+    rows = list(read_jsonl(out / "train" / "offline" / "metrics.jsonl"))
+    assert all(r["loss/trace_replay_dpo"] > 0 for r in rows)
+    assert m.stages["train_grpo"].summary["pairs"] == m.stages["normalize"].summary["pairs_out"]
     ev = json.loads((out / "eval" / "eval.json").read_text())
     # the fast demo names no grpo.tasks: every bundled task is rolled out
     assert ev["after"]["sandbox_tasks"] == len(bundled_tasks()) and ev["before"]["n_sites"] == 3
