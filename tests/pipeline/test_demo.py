@@ -32,6 +32,13 @@ def test_fast_demo_runs_every_stage_offline(tmp_path):
     rows = list(read_jsonl(out / "train" / "offline" / "metrics.jsonl"))
     assert all(r["loss/trace_replay_dpo"] > 0 for r in rows)
     assert m.stages["train_grpo"].summary["pairs"] == m.stages["normalize"].summary["pairs_out"]
+    # the online step trains at its own rate (a warm-up inherited from the offline phase made it lr 0)
+    lrs = [
+        r["learning_rate"]
+        for r in read_jsonl(out / "train" / "grpo" / "metrics.jsonl")
+        if "learning_rate" in r
+    ]
+    assert lrs and min(lrs) > 0
     ev = json.loads((out / "eval" / "eval.json").read_text())
     # the fast demo names no grpo.tasks: every bundled task is rolled out
     assert ev["after"]["sandbox_tasks"] == len(bundled_tasks()) and ev["before"]["n_sites"] == 3
