@@ -6,9 +6,9 @@ with fixed file names in the run directory, so the runner can hash inputs and ou
     ingest/        parts/ states.jsonl traces.jsonl sessions.jsonl ingest_stats.json   (secrets redacted here;
                    each session stored once in parts/, the .jsonl files reference it: ingestion.store)
     split/         train_states.jsonl train_traces.jsonl heldout_states.jsonl      (references into ingest/)
-    replay/        teacher_calls.jsonl  cache.jsonl ledger.jsonl   (cache + ledger make reruns free)
-    pairs/         raw_pairs.jsonl per_teacher.json
-    normalize/     pairs.jsonl                                     (NormalizedDPOPair rows)
+    replay/        teacher_calls.jsonl  cache.jsonl ledger.jsonl   (cache + ledger make reruns free;
+    pairs/         raw_pairs.jsonl per_teacher.json                 replay, pairs and normalize:
+    normalize/     pairs.jsonl (NormalizedDPOPair rows)             ``pipeline.replay_stages``)
     train/offline/ final/ checkpoints metrics.jsonl
     train/grpo/    final/ checkpoints metrics.jsonl
     eval/          eval.json generations.jsonl
@@ -17,26 +17,27 @@ with fixed file names in the run directory, so the runner can hash inputs and ou
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any
 
-from composer_replication._io import atomic_write_json, read_jsonl, write_jsonl_atomic
+from composer_replication._io import atomic_write_json
 from composer_replication.config.run import RunConfig
+from composer_replication.pipeline.replay_stages import (
+    normalize_stage,
+    pairs_stage,
+    replay_selection,
+    replay_stage,
+    teacher_specs,
+)
 from composer_replication.pipeline.runner import RunContext, Runner, Stage
 from composer_replication.pipeline.training import (
     final_model_dir,
-    resolve_model,
     sandbox_pass_rate,
     student_dir,
     train_grpo_stage,
     train_offline_stage,
 )
-
-if TYPE_CHECKING:
-    from composer_replication.teacher_replay.types import DPOPair, TeacherCallResult, TeacherSpec, TraceState
 
 # ----------------------------------------------------------------------------- ingest + split
 
@@ -101,156 +102,6 @@ def _split(ctx: RunContext) -> dict[str, Any]:
         "train_states": len(train),
         "heldout_error_sites": len(sites),
     }
-
-
-# ----------------------------------------------------------------------------- replay, pairs, normalize
-
-
-def teacher_specs(ctx: RunContext) -> list[TeacherSpec]:
-    """The config's teachers as ``TeacherSpec`` dicts (in-process model paths resolved)."""
-    from composer_replication.teacher_replay import DEFAULT_TEACHERS
-
-    if not ctx.config.replay.teachers:
-        return [cast("TeacherSpec", dict(t)) for t in DEFAULT_TEACHERS]
-    out: list[TeacherSpec] = []
-    for t in ctx.config.replay.teachers:
-        d = t.model_dump(exclude_none=True, exclude={"model_seed"})
-        if t.backend == "transformers":
-            d["model_path"] = str(resolve_model(t.model_path or "", t.model_seed, ctx.path("models")))
-        out.append(cast("TeacherSpec", d))
-    return out
-
-
-def replay_refs(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The state references the replay stage sends (header, rows): the config's selection, and
-    ``history_messages`` as each reference's ``last`` (the reader keeps the system message and the last N)."""
-    from composer_replication.ingestion.store import read_refs
-    from composer_replication.pipeline.evaluate import is_error_site
-
-    rc = ctx.config.replay
-    head, rows = read_refs(ctx.path("split", "train_states.jsonl"))
-    refs = list(rows)
-    if rc.states == "error_sites":
-        refs = [s for s in refs if is_error_site(s)]
-    if rc.max_states is not None:
-        refs = refs[: rc.max_states]
-    if rc.history_messages is not None:
-        refs = [{**s, "last": rc.history_messages} for s in refs]
-    return head, refs
-
-
-def replay_selection(ctx: RunContext) -> list[TraceState]:
-    """The states the replay stage sends, materialised (``TraceState`` rows)."""
-    from composer_replication.ingestion.store import open_store
-
-    head, refs = replay_refs(ctx)
-    return cast(
-        "list[TraceState]", list(open_store(head, ctx.path("split", "train_states.jsonl")).states(refs))
-    )
-
-
-def _replay(ctx: RunContext) -> dict[str, Any]:
-    from composer_replication.ingestion.store import write_refs
-    from composer_replication.pipeline.preflight import check_later_stages
-    from composer_replication.teacher_replay.client import replay_states
-
-    rc = ctx.config.replay
-    names = [s.name for s in build_stages() if s.enabled(ctx.config)]
-    last = names.index(ctx.until) if ctx.until in names else len(names) - 1
-    check_later_stages(ctx, names[names.index("replay") + 1 : last + 1])  # before anything is paid for
-    head, refs = replay_refs(ctx)
-    write_refs(ctx.path("replay", "states.jsonl"), head, refs, src=ctx.path("split", "train_states.jsonl"))
-    states = replay_selection(ctx)
-    rep = asyncio.run(
-        replay_states(
-            states, teacher_specs(ctx), max_total_usd=rc.max_total_usd, cache_path=ctx.path("replay", "cache.jsonl"),
-            ledger_path=ctx.path("replay", "ledger.jsonl"), concurrency=rc.concurrency, max_tokens=rc.max_tokens,
-            stop=ctx.stop, progress=True,
-        )
-    )  # fmt: skip
-    _release_local_teachers()
-    write_jsonl_atomic(ctx.path("replay", "teacher_calls.jsonl"), rep.results)
-    summary = {
-        "states": len(states),
-        "calls": len(rep.results),
-        "cached": rep.n_cached,
-        "sent": rep.n_sent,
-        "errors": rep.n_errors,
-        "spent_usd": round(rep.total_usd, 6),
-    }
-    if rep.overrun:  # the runner ends the run once this stage is recorded (SpendOverrun)
-        summary.update(overrun=True, max_total_usd=rep.max_total_usd)
-    return summary
-
-
-def _release_local_teachers() -> None:
-    """Drop in-process teacher models once replay is done: training needs the memory more.
-
-    The transformers backend keeps loaded models in a module-level cache for the life of the process;
-    it has no public unload yet, so clear that cache (only if the backend was used at all).
-    """
-    import sys
-
-    mod = sys.modules.get("composer_replication.teacher_replay.backends.transformers_local")
-    if mod is not None and hasattr(mod, "_MODELS"):
-        mod._MODELS.clear()
-        import gc
-
-        gc.collect()
-
-
-def _pairs(ctx: RunContext) -> dict[str, Any]:
-    from composer_replication.ingestion.store import read_states
-    from composer_replication.teacher_replay import extract_dpo_pairs, save_pairs
-    from composer_replication.teacher_replay.actions import canonical_action
-
-    states = cast("list[TraceState]", list(read_states(ctx.path("replay", "states.jsonl"))))
-    calls = cast("list[TeacherCallResult]", list(read_jsonl(ctx.path("replay", "teacher_calls.jsonl"))))
-    pairs = extract_dpo_pairs(states, calls, agreement_threshold=ctx.config.pairs.agreement_threshold)
-    recovery = _recovery_pairs(ctx)
-    save_pairs([*pairs, *recovery], ctx.path("pairs", "raw_pairs.jsonl"))
-    per_teacher = {t["slug"]: 0 for t in teacher_specs(ctx)}
-    by_state: dict[str, list[TeacherCallResult]] = {}
-    for c in calls:
-        by_state.setdefault(c["state_id"], []).append(c)
-    for p in pairs:  # credit every teacher in the agreeing majority
-        want = canonical_action(p["chosen"])
-        for c in by_state.get(p["state_id"], []):
-            if c.get("error") is None and canonical_action(c.get("response_text")) == want:
-                per_teacher[c["teacher_slug"]] = per_teacher.get(c["teacher_slug"], 0) + 1
-    atomic_write_json(ctx.path("pairs", "per_teacher.json"), per_teacher)
-    out = {"states": len(states), "pairs": len(pairs)}
-    if ctx.config.pairs.recovery != "none":
-        out["recovery_pairs"] = len(recovery)
-    return out
-
-
-def _recovery_pairs(ctx: RunContext) -> list[DPOPair]:
-    """Teacher-free pairs (``pairs.recovery``) from the training split's traces: held-out traces never
-    reach training through them."""
-    from composer_replication.ingestion.store import read_rows
-    from composer_replication.trainer.offline_data import recovery_pairs
-
-    where = ctx.config.pairs.recovery
-    if where == "none":
-        return []
-    traces = list(read_rows(ctx.path("split", "train_traces.jsonl")))
-    sides: tuple[Literal["failure", "recovery"], ...] = (
-        ("failure", "recovery") if where == "both" else (where,)
-    )
-    return [cast("DPOPair", p) for at in sides for p in recovery_pairs(traces, at=at)]
-
-
-def _normalize(ctx: RunContext) -> dict[str, Any]:
-    from composer_replication.replaysim import DJNormalizer
-
-    nc = ctx.config.normalize
-    raw = list(read_jsonl(ctx.path("pairs", "raw_pairs.jsonl")))
-    norm = DJNormalizer(nc.recipe, skip_dj=nc.skip_dj)
-    out = norm.normalize(raw)
-    write_jsonl_atomic(ctx.path("normalize", "pairs.jsonl"), (dataclasses.asdict(p) for p in out))
-    dropped = getattr(getattr(norm, "last_report", None), "dropped_by_op", {}) or {}
-    return {"pairs_in": len(raw), "pairs_out": len(out), **{f"dropped_by_{k}": v for k, v in dropped.items()}}
 
 
 # ----------------------------------------------------------------------------- evaluate + report
@@ -338,7 +189,7 @@ def build_stages() -> list[Stage]:
             ("replay",),
             _p("split/train_states.jsonl"),
             _p("replay/states.jsonl", "replay/teacher_calls.jsonl"),
-            _replay,
+            replay_stage,
             description="teachers answer each error site, under the spend cap",
         ),
         Stage(
@@ -346,7 +197,7 @@ def build_stages() -> list[Stage]:
             ("replay", "pairs"),
             _p("replay/states.jsonl", "replay/teacher_calls.jsonl", "split/train_traces.jsonl"),
             _p("pairs/raw_pairs.jsonl", "pairs/per_teacher.json"),
-            _pairs,
+            pairs_stage,
             description="consensus preference pairs (and recovery pairs: pairs.recovery)",
         ),
         Stage(
@@ -354,7 +205,7 @@ def build_stages() -> list[Stage]:
             ("normalize",),
             _p("pairs/raw_pairs.jsonl"),
             _p("normalize/pairs.jsonl"),
-            _normalize,
+            normalize_stage,
             description="data-juicer dedup and filters",
         ),
         Stage(
