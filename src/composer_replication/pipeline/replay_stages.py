@@ -68,13 +68,13 @@ def replay_selection(ctx: RunContext) -> list[TraceState]:
 def replay_stage(ctx: RunContext) -> dict[str, Any]:
     from composer_replication.ingestion.store import write_refs
     from composer_replication.pipeline.preflight import check_later_stages
-    from composer_replication.pipeline.stages import build_stages
     from composer_replication.teacher_replay.client import replay_states
 
     rc = ctx.config.replay
-    names = [s.name for s in build_stages() if s.enabled(ctx.config)]
-    last = names.index(ctx.until) if ctx.until in names else len(names) - 1
-    check_later_stages(ctx, names[names.index("replay") + 1 : last + 1])  # before anything is paid for
+    names = list(ctx.stages)
+    if "replay" in names:  # the stages this invocation runs after replay, checked before anything is paid for
+        last = names.index(ctx.until) if ctx.until in names else len(names) - 1
+        check_later_stages(ctx, names[names.index("replay") + 1 : last + 1])
     head, refs = replay_refs(ctx)
     write_refs(ctx.path("replay", "states.jsonl"), head, refs, src=ctx.path("split", "train_states.jsonl"))
     states = replay_selection(ctx)

@@ -52,6 +52,7 @@ class RunContext:
     log: Callable[[str], None] = print
     resume: bool = False  # the stage ran before with the same inputs and config: continue its partial work
     until: str | None = None  # the last stage this invocation runs (``run --until``); None: all of them
+    stages: tuple[str, ...] = ()  # the run's enabled stages in order (the runner sets it)
     state: dict[str, Any] = field(default_factory=dict)
 
     def path(self, *parts: str) -> Path:
@@ -141,8 +142,9 @@ class Runner:
 
     def _context(self) -> RunContext:
         return RunContext(
-            self.run_dir, self.config, stop=as_stop(self.kill_switch), log=self.log, until=self._until
-        )
+            self.run_dir, self.config, stop=as_stop(self.kill_switch), log=self.log, until=self._until,
+            stages=tuple(s.name for s in self.stages if s.enabled(self.config)),
+        )  # fmt: skip
 
     def run(self, *, force: Sequence[str] = (), until: str | None = None) -> dict[str, str]:
         """Run the stages; returns ``{stage: "ran" | "skipped" | "disabled"}``.
