@@ -165,3 +165,33 @@ def test_status_reads_a_partial_run(tmp_path, capsys):
     st = json.loads(capsys.readouterr().out)
     assert st["stages"]["first"]["status"] == "done" and st["stages"]["second"]["status"] == "pending"
     assert st["spend_usd"] == 0.0 and st["report"] is None and st["last_checkpoint"] is None
+
+
+def test_a_long_summary_line_says_what_it_left_out_and_status_keeps_it_all(tmp_path):
+    def many(ctx):
+        ctx.path("m.txt").write_text("m")
+        return {f"k{i:02d}": i for i in range(13)}
+
+    lines: list[str] = []
+    Runner(tmp_path, RunConfig(), [Stage("many", (), lambda c: [], lambda c: [c.path("m.txt")], many)],
+           log=lines.append).run()  # fmt: skip
+    done = next(line for line in lines if line.startswith("[many] done"))
+    assert "k09=9" in done and "k10=" not in done
+    assert done.endswith("k09=9 (+3 more: composer-replication status RUN_DIR)")  # 13 items, 10 shown
+    assert Manifest.load(tmp_path).stages["many"].summary["k12"] == 12
+
+
+def test_each_stage_sees_the_runs_enabled_stage_names(tmp_path):
+    seen: list[tuple[str, ...]] = []
+
+    def one(ctx):
+        seen.append(ctx.stages)
+        ctx.path("one.txt").write_text("1")
+        return {}
+
+    stages = [
+        Stage("one", (), lambda c: [], lambda c: [c.path("one.txt")], one),
+        Stage("off", (), lambda c: [], lambda c: [], one, enabled=lambda cfg: False),
+    ]
+    Runner(tmp_path, RunConfig(), stages, log=lambda m: None).run()
+    assert seen == [("one",)]

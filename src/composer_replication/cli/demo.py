@@ -3,7 +3,7 @@
 Ingests a few real Claude Code and Codex sessions shipped with the package, replays their error sites
 to in-process teachers, mines preference pairs, trains SmolLM2-135M-Instruct (offline phase, then a
 short GRPO phase on bundled sandbox tasks), evaluates before and after, and writes a report.
-Takes tens of minutes on 2 CPU cores (measured in docs/quickstart.md); rerunning resumes and skips what is done.
+Takes 10-15 minutes on 2 CPU cores (measured in docs/quickstart.md); rerunning resumes and skips what is done.
 """
 
 from __future__ import annotations

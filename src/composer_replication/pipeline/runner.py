@@ -269,8 +269,14 @@ class _CrashingStop:
         return self._inner.observe(**metrics)
 
 
+_SUMMARY_ITEMS = 10  # items of a stage's summary on its log line; `status` shows all
+
+
 def _fmt_summary(summary: dict[str, Any]) -> str:
     parts = [
         f"{k}={v}" for k, v in summary.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)
     ]
-    return " ".join(parts[:8])
+    if len(parts) <= _SUMMARY_ITEMS:
+        return " ".join(parts)
+    more = len(parts) - _SUMMARY_ITEMS
+    return " ".join(parts[:_SUMMARY_ITEMS]) + f" (+{more} more: composer-replication status RUN_DIR)"

@@ -138,11 +138,10 @@ def _evaluate(ctx: RunContext) -> dict[str, Any]:
     out: dict[str, Any] = {"sites": len(sites)}
     for m, v in ((result["sites"] or {}).get("metrics") or {}).items():
         out[f"site_{m}"] = f"{v['before']:.4f}->{v['after']:.4f} (n={v['n']})"
-    for phase in ("before", "after"):
-        for k in ("valid_rate", "tool_match_rate", "exact_match_rate", "sandbox_pass_rate"):
-            v = result[phase].get(k)
-            if v is not None:
-                out[f"{phase}_{k}"] = round(v, 3)
+    for k in ("sandbox_pass_rate", "valid_rate", "tool_match_rate", "exact_match_rate"):
+        before, after = result["before"].get(k), result["after"].get(k)
+        if before is not None and after is not None:  # the first evaluate.max_sites sites (and the tasks)
+            out[k] = f"{before:.3f}->{after:.3f}"
     return out
 
 
