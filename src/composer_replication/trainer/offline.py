@@ -11,9 +11,10 @@ Writes to ``out_dir``: ``metrics.jsonl`` (append-only, one row per logged step, 
 Resume restores model, optimizer, LR scheduler, both data streams, all RNG states and the TAID
 schedule: in deterministic CPU mode the resumed loss trajectory is bit-identical.
 
-``make_offline_stepper(config, model=None, ...) -> OfflineStepper`` exposes the same step one at a
-time (``.model``, ``.step() -> metrics``, ``.state_dict()``): ``train_offline`` is built on it, and
-DiLoCo replicas with ``inner: offline`` call it for their inner steps.
+``make_offline_stepper(config, model=None, ...) -> OfflineStepper`` (``trainer.offline_stepper``,
+re-exported here) exposes the same step one at a time (``.model``, ``.step() -> metrics``,
+``.state_dict()``): ``train_offline`` is built on it, and DiLoCo replicas with ``inner: offline`` call
+it for their inner steps.
 """
 
 from __future__ import annotations
@@ -32,13 +33,11 @@ from composer_replication.trainer import pair_tokens
 from composer_replication.trainer.evaluation import evaluate
 from composer_replication.trainer.offline_parts import (
     load_model,
-    loss_kwargs,
-    make_optimizer,
-    make_taid,
     pair_batch,
     reference_logprobs,
     seed_everything,
 )
+from composer_replication.trainer.offline_stepper import OfflineStepper, make_offline_stepper
 
 __all__ = [
     "OfflineStepper",
@@ -56,237 +55,6 @@ def _truncate_metrics(path: Path, step: int) -> None:
 
     if path.exists():
         write_jsonl_atomic(path, [r for r in read_jsonl(path) if r.get("step", 0) <= step])
-
-
-class OfflineStepper:
-    """One optimizer step at a time over the offline data streams (what ``train_offline`` and DiLoCo replicas run).
-
-    Holds the model, tokenizer, optimizer, LR schedule, the trace and pair streams, the TAID schedule
-    and the cached reference log-probs. :meth:`step` takes ``grad_accum`` micro-batches, sums
-    ``compose_loss(...).total / grad_accum``, clips, steps and returns the per-channel metrics
-    (``loss/<channel>``, channel extras, ``grad_norm``, ``lr``, ``taid_t``). ``state_dict`` /
-    ``load_state_dict`` cover everything but the global RNG state (``checkpoint.rng_state``).
-    """
-
-    def __init__(
-        self,
-        cfg: TrainConfig,
-        model: Any,
-        tok: Any,
-        device: torch.device,
-        *,
-        train_traces: list[dict],
-        train_pairs: list[dict],
-        ref_pairs: list[dict] | None = None,
-        collator: Any = None,
-        sample_cache: Path | None = None,
-        engine: Any = None,
-    ) -> None:
-        from composer_replication.trainer.distributed import Engine
-
-        self.cfg, self.model, self.tok, self.device = cfg, model, tok, device
-        self.engine = engine or Engine(device)  # several processes: trainer.distributed
-        self.step_count = 0
-        bs = cfg.schedule.batch_size
-        use_pairs = bool(train_pairs) and cfg.loss.preference.weight > 0
-        shard = self.engine.stream
-        self.trace_stream = shard(od.Stream(train_traces, bs, cfg.seed)) if train_traces else None
-        self.pair_stream = shard(od.Stream(train_pairs, bs, cfg.seed + 1)) if use_pairs else None
-        if collator is None and train_traces:
-            collator = od.make_collator(
-                tok, cfg.data.max_seq_len, cfg.data.max_dpo_seq_len, cfg.loss.sdpo.weight > 0,
-                cfg.data.whole_responses,
-            )  # fmt: skip
-        self.collator = collator
-        self.on_policy = None
-        if cfg.loss.sdpo.source == "on_policy" and cfg.loss.sdpo.weight > 0 and train_traces:
-            from composer_replication.trainer.onpolicy import OnPolicySDPO, error_sites
-
-            sites = error_sites(train_traces)
-            if sites:  # without a failed tool call there is nothing to distil (as with source: recorded)
-                self.on_policy = OnPolicySDPO(tok, sites, cfg, cfg.seed, sample_cache)
-                self.on_policy.stream = self.engine.stream(self.on_policy.stream)  # each rank its own sites
-        self._ref_pairs = train_pairs if ref_pairs is None else ref_pairs
-        self._ref: dict[str, tuple] | None = None
-        self.opt, self.sched = make_optimizer(cfg, model)
-        self.taid = make_taid(cfg)
-
-    @property
-    def ref(self) -> dict[str, tuple]:
-        """Reference log-probs per pair id, computed on first use with the weights at that moment."""
-        if self._ref is None:
-            pairs = self._ref_pairs
-            self._ref = (
-                self.engine.reference_logprobs(self.model, self.tok, pairs, self.cfg.data.max_dpo_seq_len)
-                if pairs
-                else {}
-            )
-        return self._ref
-
-    def _micro_batch(self) -> dict[str, torch.Tensor]:
-        cfg, dev = self.cfg, self.device
-        batch: dict[str, torch.Tensor] = {}
-        if self.trace_stream is not None:
-            batch.update(
-                {
-                    k: v.to(dev)
-                    for k, v in od.trace_batch(self.collator, self.trace_stream.next_batch()).items()
-                }
-            )
-        if self.pair_stream is not None:
-            batch.update(
-                pair_batch(self.tok, self.pair_stream.next_batch(), self.ref, cfg.data.max_dpo_seq_len, dev)
-            )
-        if "input_ids" not in batch:  # pairs only: the CE channel trains on the chosen responses
-            batch["input_ids"] = batch["dpo_chosen_input_ids"]
-            batch["response_mask"] = batch["dpo_chosen_response_mask"]
-        return batch
-
-    def step(self) -> dict[str, float]:
-        """One optimizer step over the next ``grad_accum`` batches; returns its metrics."""
-        cfg, ga = self.cfg, self.cfg.schedule.grad_accum
-        if self.pair_stream is not None:
-            _ = self.ref  # computed before the first update: the reference is the initial policy
-        self.opt.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
-        extras: dict[str, float] = {}
-        kwargs = loss_kwargs(cfg, self.taid)
-        if self.on_policy is not None:  # the SDPO channel runs on the student's samples (below)
-            kwargs["alpha_sdpo"] = 0.0
-        for i in range(ga):  # gradients are synchronised across processes on the last micro-batch
-            comps = self.engine.loss(self.model, self._micro_batch(), kwargs, sync=i == ga - 1)
-            parts, metrics = comps.detached(), dict(comps.metrics)
-            total = comps.total
-            if self.on_policy is not None:
-                sd, sd_metrics = self._on_policy_sdpo(i)
-                metrics.update(sd_metrics)
-                if sd is not None:
-                    total = total + cfg.loss.sdpo.weight * sd
-                    parts["sdpo_jsd"] = float(sd.detach())
-                    parts["total"] = float(total.detach())
-            (total / ga).backward()
-            for k, v in parts.items():
-                totals[k] = totals.get(k, 0.0) + v / ga
-            for k, v in metrics.items():
-                if not k.endswith("/loss"):  # the /loss values duplicate loss/<channel>
-                    extras[k] = extras.get(k, 0.0) + v / ga
-        totals, extras = self.engine.mean(totals), self.engine.mean(extras)  # over processes
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = self.engine.clip_grad_norm(params, cfg.optimizer.grad_clip)
-        self.opt.step()
-        self.sched.step()
-        self.step_count += 1
-        if self.taid is not None:
-            self.taid.update_t(totals["sdpo_jsd"], global_step=self.step_count)
-        row = {f"loss/{k}": v for k, v in totals.items()}
-        row.update(extras, grad_norm=float(grad_norm), lr=self.sched.get_last_lr()[0])
-        if self.taid is not None:
-            row["taid_t"] = self.taid.t
-        return row
-
-    def _on_policy_sdpo(self, micro: int) -> tuple[torch.Tensor | None, dict[str, float]]:
-        """On-policy SDPO for one micro-batch: the student samples at error sites, the hinted model scores."""
-        from composer_replication.loss import sdpo_channel
-
-        assert self.on_policy is not None
-        batch, metrics = self.on_policy.batch(self.model, self.step_count, micro)
-        if batch is None:
-            return None, metrics
-        b = {k: v.to(self.device) for k, v in batch.items()}
-        kw = loss_kwargs(self.cfg, self.taid)
-        res = sdpo_channel(
-            self.model, b["input_ids"], b["ctx_teacher_input_ids"], b["sdpo_loss_mask"],
-            student_mask=b["sdpo_student_mask"], attention_mask=b["attention_mask"],
-            teacher_attention_mask=b["ctx_teacher_attention_mask"], wrapper=kw["sdpo_wrapper"],
-            jsd_beta=kw["sdpo_jsd_beta"], temperature=kw["sdpo_temperature"],
-            token_clip=kw["sdpo_token_clip"], taid_t=kw.get("taid_t"), h_max=kw["entropy_opd_h_max"],
-        )  # fmt: skip
-        return res.loss, {**metrics, **res.metrics}
-
-    def skip_to(self, step: int) -> None:
-        """Advance the data streams and LR schedule to ``step`` without training (a replica catching up)."""
-        import warnings
-
-        while self.step_count < step:
-            for _ in range(self.cfg.schedule.grad_accum):
-                for stream in (self.trace_stream, self.pair_stream):
-                    if stream is not None:
-                        stream.next_batch()
-                if self.on_policy is not None:
-                    self.on_policy.stream.next_batch()
-            with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": intended here
-                warnings.simplefilter("ignore")
-                self.sched.step()
-            self.step_count += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step_count,
-            "model": ckpt.trainable_state(self.model),
-            "optimizer": self.opt.state_dict(),
-            "scheduler": self.sched.state_dict(),
-            "trace_stream": self.trace_stream.state_dict() if self.trace_stream else None,
-            "pair_stream": self.pair_stream.state_dict() if self.pair_stream else None,
-            "taid": self.taid.state_dict() if self.taid is not None else None,
-            "on_policy": self.on_policy.state_dict() if self.on_policy is not None else None,
-            "ref_logprobs": self.ref,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ckpt.restore_model(self.model, state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        self._ref = state["ref_logprobs"]
-        if self.trace_stream is not None:
-            self.trace_stream.load_state_dict(state["trace_stream"])
-        if self.pair_stream is not None:
-            self.pair_stream.load_state_dict(state["pair_stream"])
-        if self.taid is not None:
-            self.taid.load_state_dict(state["taid"])
-        if self.on_policy is not None:
-            self.on_policy.load_state_dict(state["on_policy"])
-        self.step_count = state["step"]
-
-
-def make_offline_stepper(
-    config: TrainConfig | dict,
-    *,
-    model: Any | None = None,
-    tokenizer: Any | None = None,
-    device: str | None = None,
-    shard: tuple[int, int] | None = None,
-) -> OfflineStepper:
-    """An :class:`OfflineStepper` on ``config.data`` (the training split; held-out rows are left out).
-
-    ``model``/``tokenizer`` default to :func:`load_model` (seeded by ``config.seed``, so every caller
-    gets the same initial weights). ``shard=(rank, world_size)`` keeps every ``world_size``-th training
-    row from ``rank`` on, per stream (DiLoCo replicas each train on their own slice).
-    """
-    cfg = config if isinstance(config, TrainConfig) else build_config(config)
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if model is None:
-        model, loaded_tok = load_model(cfg, dev)
-        tokenizer = tokenizer or loaded_tok
-    elif tokenizer is None:
-        raise ValueError("make_offline_stepper(model=...) needs tokenizer=... too")
-    model.train()
-    traces, _ = od.split(
-        od.load_rows(cfg.data.traces),
-        lambda r: str(r.get("example_id") or r.get("trace_id")),
-        cfg.data.eval_fraction,
-    )
-    pairs, _ = od.split(
-        od.load_rows(cfg.data.pairs), lambda r: pair_tokens.pair_fields(r)[0], cfg.data.eval_fraction
-    )
-    if shard is not None:
-        rank, world = shard
-        traces, pairs = traces[rank::world], pairs[rank::world]
-        if not traces and not pairs:
-            raise ValueError(
-                f"shard {rank} of {world} has no training rows in {cfg.data.traces} / {cfg.data.pairs}: "
-                "add data or use fewer replicas"
-            )
-    return OfflineStepper(cfg, model, tokenizer, dev, train_traces=traces, train_pairs=pairs)
 
 
 def train_offline(
