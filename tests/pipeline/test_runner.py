@@ -195,3 +195,13 @@ def test_each_stage_sees_the_runs_enabled_stage_names(tmp_path):
     ]
     Runner(tmp_path, RunConfig(), stages, log=lambda m: None).run()
     assert seen == [("one",)]
+
+
+def test_replay_outside_the_runner_refuses_before_paying(tmp_path):
+    """Without the run's stage list the later stages cannot be checked first, so replay refuses (fail closed)."""
+    from composer_replication.pipeline.replay_stages import replay_stage
+    from composer_replication.pipeline.runner import RunContext
+
+    with pytest.raises(ValueError, match="inside the pipeline's Runner"):
+        replay_stage(RunContext(tmp_path, RunConfig()))
+    assert not (tmp_path / "replay").exists()  # nothing written, nothing sent

@@ -72,9 +72,13 @@ def replay_stage(ctx: RunContext) -> dict[str, Any]:
 
     rc = ctx.config.replay
     names = list(ctx.stages)
-    if "replay" in names:  # the stages this invocation runs after replay, checked before anything is paid for
-        last = names.index(ctx.until) if ctx.until in names else len(names) - 1
-        check_later_stages(ctx, names[names.index("replay") + 1 : last + 1])
+    if "replay" not in names:  # fail closed: without the run's stages nothing could be checked before paying
+        raise ValueError(
+            "replay_stage runs inside the pipeline's Runner, which lists the run's stages in RunContext.stages "
+            "so the later ones are checked before any call is paid for; use run_pipeline or `composer-replication run`"
+        )
+    last = names.index(ctx.until) if ctx.until in names else len(names) - 1
+    check_later_stages(ctx, names[names.index("replay") + 1 : last + 1])  # before anything is paid for
     head, refs = replay_refs(ctx)
     write_refs(ctx.path("replay", "states.jsonl"), head, refs, src=ctx.path("split", "train_states.jsonl"))
     states = replay_selection(ctx)
