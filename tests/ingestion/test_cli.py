@@ -76,3 +76,31 @@ def test_old_format_states_file_is_refused_with_one_line(tmp_path: Path) -> None
 def test_cli_missing_path_is_a_clear_error(tmp_path: Path) -> None:
     r = _run(str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
     assert r.returncode == 1 and "no such file or folder" in r.stderr
+
+
+def test_jobs_defaults_to_one_worker_per_core_and_gives_the_same_bytes(tmp_path: Path, monkeypatch) -> None:
+    import argparse
+    import os
+
+    from composer_replication.cli import _types
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(3)), raising=False)
+    assert _types.jobs("auto") == _types.auto_jobs() == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert _types.jobs("auto") == _types.MAX_AUTO_JOBS and _types.jobs("2") == 2
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _types.jobs(bad)
+    # the CLI default forks workers over the two project folders: the same outputs as one process
+    outs = {}
+    for flag in ("1", None):
+        out = tmp_path / f"out{flag}"
+        res = _run(str(DATA), "--out", str(out), *(("--jobs", flag) if flag else ()))
+        assert res.returncode == 0, res.stderr
+        outs[flag] = [
+            (out / n).read_bytes().replace(str(out).encode(), b"OUT")
+            for n in ("states.jsonl", "traces.jsonl", "sessions.jsonl")
+        ]
+    assert outs["1"] == outs[None]
+    bad = _run(str(DATA), "--out", str(tmp_path / "x"), "--jobs", "0")
+    assert bad.returncode == 2 and "--jobs" in bad.stderr and "must be >= 1" in bad.stderr

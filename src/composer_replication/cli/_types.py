@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -48,3 +49,20 @@ def positive_float(text: str) -> float:
 def non_negative_float(text: str) -> float:
     """A finite number >= 0."""
     return _at_least(float, text, 0.0, strict=False)
+
+
+MAX_AUTO_JOBS = 8
+
+
+def auto_jobs() -> int:
+    """One worker per CPU core this process may run on, at most :data:`MAX_AUTO_JOBS`."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_AUTO_JOBS))
+
+
+def jobs(text: str) -> int:
+    """``auto`` (:func:`auto_jobs`) or an integer >= 1."""
+    return auto_jobs() if text.strip().lower() == "auto" else positive_int(text)

@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import Any
 
-from composer_replication.cli._types import non_negative_int, positive_int
+from composer_replication.cli._types import MAX_AUTO_JOBS, jobs, non_negative_int, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,10 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="re-read every file instead of resuming")
     parser.add_argument(
         "--jobs",
-        type=int,
-        default=1,
+        type=jobs,
+        default="auto",
         metavar="N",
-        help="worker processes (project folders in parallel; default 1)",
+        help=f"worker processes: project folders are parsed in parallel, same output (default: auto, one per "
+        f"CPU core, at most {MAX_AUTO_JOBS}; 1: this process only)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         force=args.force,
         keep_trivial=args.keep_trivial,
-        jobs=max(1, args.jobs),
+        jobs=args.jobs,
         **filter_kwargs(args),
     )
     _print_table(result)
