@@ -138,7 +138,11 @@ def test_run_config_path_is_a_directory(tmp_path, capsys):
     assert "is a directory" in _error(capsys, ["run", str(tmp_path), "--out", str(tmp_path / "r")])
 
 
-@pytest.mark.parametrize("flag", ["--max-history-tokens=-1", "--example-max-tokens=0"])
+@pytest.mark.parametrize(
+    "flag",
+    ["--max-history-tokens=-1", "--example-max-tokens=0", "--jobs=0", "--jobs=-3", "--jobs=100000",
+     "--jobs=auto;rm", "--jobs=1e3", "--jobs=99999999999999999999999"],
+)  # fmt: skip
 def test_ingest_bounds(tmp_path, capsys, flag):
     err = _error(capsys, ["ingest", str(tmp_path), "--out", str(tmp_path / "o"), flag], code=2)
     assert flag.split("=")[0] in err

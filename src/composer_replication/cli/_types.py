@@ -63,6 +63,14 @@ def auto_jobs() -> int:
     return max(1, min(cores, MAX_AUTO_JOBS))
 
 
+MAX_JOBS = 256  # a typo such as 10000 would otherwise fork that many processes over a large tree
+
+
 def jobs(text: str) -> int:
-    """``auto`` (:func:`auto_jobs`) or an integer >= 1."""
-    return auto_jobs() if text.strip().lower() == "auto" else positive_int(text)
+    """``auto`` (:func:`auto_jobs`) or an integer from 1 to :data:`MAX_JOBS`."""
+    if text.strip().lower() == "auto":
+        return auto_jobs()
+    value = positive_int(text)
+    if value > MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"{value} must be <= {MAX_JOBS} (or auto: one per CPU core)")
+    return value
