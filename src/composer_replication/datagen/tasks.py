@@ -7,7 +7,10 @@ A task is a directory::
       files/**         copied into the sandbox workspace before the agent starts
       solution/**      optional: files that make the tests pass (used by the oracle policy and task checks)
 
-`load_task` reads one, `load_tasks` a directory of them, `bundled_tasks` the small tasks shipped with the
+A task may also use the Harbor / Terminal-Bench layout (``instruction.md``, ``task.toml``,
+``environment/repo/``, ``tests/``, ``solution/``; see `datagen.harbor`), which mined tasks use.
+
+`load_task` reads one (either layout), `load_tasks` a directory of them, `bundled_tasks` the small tasks shipped with the
 package (``off_by_one``, ``implement_function``, ``fix_import``). `Task.from_repo` snapshots a local
 repository's tracked files (``git ls-files``) so a real project can be a task.
 
@@ -206,8 +209,13 @@ def load_task(path: str | Path) -> Task:
     """Load a task directory (see module docstring). Raises ``ValueError`` naming the file and field."""
     path = Path(path)
     meta_path = path / "task.json"
+    if not os.path.lexists(meta_path) and os.path.lexists(path / "task.toml"):
+        return _load_harbor(path)
     if not os.path.lexists(meta_path):
-        raise FileNotFoundError(f"{meta_path}: no task.json (a task directory needs task.json and files/)")
+        raise FileNotFoundError(
+            f"{meta_path}: no task.json (a task directory needs task.json and files/, or the Harbor "
+            "layout: task.toml, instruction.md and environment/repo/)"
+        )
     root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         raw = _read_beneath(root_fd, path, "task.json") or b""
@@ -241,19 +249,53 @@ def load_task(path: str | Path) -> Task:
     )
 
 
+def _load_harbor(path: Path) -> Task:
+    from composer_replication.datagen import harbor
+
+    root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        raw = _read_beneath(root_fd, path, "task.toml") or b""
+        if not os.path.lexists(path / "instruction.md"):
+            raise FileNotFoundError(f"{path / 'instruction.md'}: missing (a Harbor task needs its instruction)")
+        text = _read_beneath(root_fd, path, "instruction.md") or b""
+    finally:
+        os.close(root_fd)
+    meta = harbor.parse_task_toml(raw, str(path / "task.toml"), path.name)
+    try:
+        check_name(meta["name"])
+    except ValueError as e:
+        raise ValueError(f"{path / 'task.toml'}: [metadata] name: {e}") from None
+    try:
+        instruction = text.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path / 'instruction.md'}: not UTF-8 text") from None
+    if not instruction.strip():
+        raise ValueError(f"{path / 'instruction.md'}: empty; write the task's instruction there")
+    files = _read_tree(path, harbor.REPO_DIR)
+    files.update(_read_tree(path, harbor.TEST_FILES_DIR))
+    return Task(
+        name=meta["name"],
+        instruction=instruction,
+        test_command=harbor.joined_command(meta["checks"]),
+        files=files,
+        solution=_read_tree(path, harbor.SOLUTION_DIR),
+        timeout_s=meta["timeout_s"],
+    )
+
+
 def load_tasks(root: str | Path) -> list[Task]:
     """Every task directory under ``root`` (sorted by name)."""
     root = Path(root)
     root_real = os.path.realpath(root)
     tasks = []
     for d in sorted(root.iterdir()):
-        if not os.path.lexists(d / "task.json"):
+        if not os.path.lexists(d / "task.json") and not os.path.lexists(d / "task.toml"):
             continue
         if d.is_symlink() and os.path.commonpath([os.path.realpath(d), root_real]) != root_real:
             raise TaskFileError(f"{d}: a symlink to {os.path.realpath(d)!r}, outside the tasks root {root}")
         tasks.append(load_task(d))
     if not tasks:
-        raise FileNotFoundError(f"{root}: no task directories (each needs a task.json)")
+        raise FileNotFoundError(f"{root}: no task directories (each needs a task.json or a task.toml)")
     return tasks
 
 
