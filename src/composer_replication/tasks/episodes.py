@@ -8,7 +8,7 @@ A *turn* is one message the user typed plus everything up to the next one. Turns
 - a message sent right after the user interrupted the agent (``[Request interrupted by user]``) is a
   follow-up: its turn joins the episode it interrupted;
 - the turns without changes after an episode (up to the next one) still belong to it for its test runs:
-  they ran on the episode's final files.
+  they ran on the episode's final files; those that ran no test are also the next episode's preamble.
 
 Instruction = the episode's messages up to its last change. Compaction summaries, slash-command echoes
 and interrupt markers are not messages the user typed.
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from composer_replication.tasks.checks import shell_command
+from composer_replication.tasks.checks import find_checks, shell_command
 from composer_replication.tasks.edits import EDIT_TOOLS, Op, patch_text
 
 _NOT_TYPED = ("<command-name>", "<command-message>", "<local-command-", "<bash-input>", "<bash-stdout>")
@@ -122,5 +122,6 @@ def episodes(all_turns: list[Turn]) -> list[Episode]:
         else:
             if out:
                 out[-1].trailing.append(t)
-            preamble.append(t)
+            if not (out and any(find_checks(cmd, "") for cmd, _ in t.commands)):
+                preamble.append(t)  # a turn that tested the last episode's work is not the next one's context
     return out
