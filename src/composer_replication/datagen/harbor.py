@@ -2,7 +2,8 @@
 
     my_task/
       instruction.md       what the agent is asked to do
-      task.toml            [metadata] name, provenance; [verifier] checks, timeout_sec; [agent] timeout_sec
+      task.toml            [metadata] name, provenance; [verifier] checks, timeout_sec; [verifier.env]
+                           variables the checks run with; [agent] timeout_sec
       environment/repo/**  the workspace the agent starts from (a repository at its starting commit)
       environment/...      how to build that environment elsewhere (Dockerfile, setup.sh)
       tests/test.sh        runs the checks (for Harbor runners)
@@ -45,7 +46,10 @@ def parse_task_toml(raw: bytes, where: str, default_name: str) -> dict[str, Any]
     timeout = verifier.get("timeout_sec", 60.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
         raise ValueError(f"{where}: [verifier] timeout_sec must be a number of seconds in (0, 86400]")
-    return {"name": name, "checks": list(checks), "timeout_s": float(timeout), "metadata": meta}
+    env = verifier.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ValueError(f"{where}: [verifier.env] must map variable names to strings")
+    return {"name": name, "checks": list(checks), "timeout_s": float(timeout), "metadata": meta, "env": env}
 
 
 def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
@@ -64,6 +68,8 @@ def dumps(tables: dict[str, dict[str, Any]], top: dict[str, Any] | None = None) 
     """TOML for tables of strings, numbers, booleans and lists of those (what ``task.toml`` needs)."""
     lines = [f"{k} = {_value(v)}" for k, v in (top or {}).items()]
     for name, table in tables.items():
+        if not table and "." in name:
+            continue
         lines += ["", f"[{name}]"] + [f"{k} = {_value(v)}" for k, v in table.items() if v is not None]
     return "\n".join(lines).lstrip("\n") + "\n"
 

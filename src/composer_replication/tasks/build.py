@@ -143,7 +143,7 @@ def build(state: SessionState, ep: Episode, opts: Options, redactor: Redactor) -
         name=f"{safe_component(log.session_id, 36)}-t{first:03d}",
         instruction=redactor.redact("\n\n".join(m.strip() for m in ep.messages)),
         files=files, test_files=tests, solution=solution, deleted=deleted, checks=checks,
-        timeout_s=opts.timeout_s, metadata=meta, environment=env.recipe(),
+        timeout_s=opts.timeout_s, metadata=meta, environment=env.recipe(), env=envmod.task_env(env),
     )  # fmt: skip
     reference: dict[str, bytes | None] = {p: t.encode() for p, t in solution.items()}
     reference.update({p: None for p in deleted})

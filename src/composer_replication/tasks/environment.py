@@ -117,6 +117,34 @@ def default_cache() -> Path:
     return base / "composer-replication" / "task-envs"
 
 
+def _key(packages: list[str]) -> str:
+    return hashlib.sha256(json.dumps([list(sys.version_info[:2]), packages]).encode()).hexdigest()[:20]
+
+
+def from_recipe(recipe: Any) -> Environment:
+    """The environment a task's ``[environment]`` table describes (to prepare it again, or find it)."""
+    kind = recipe.get("kind", "none") if isinstance(recipe, dict) else "none"
+    pkgs = recipe.get("packages", []) if isinstance(recipe, dict) else []
+    return Environment(str(kind), [p for p in pkgs if isinstance(p, str)] if isinstance(pkgs, list) else [])
+
+
+def task_env(env: Environment) -> dict[str, str]:
+    """The variables a task's checks run with for this environment."""
+    return {"PYTHONPATH": f"{SANDBOX_ENV}/site"} if env.packages else {}
+
+
+def sandbox_spec(env: Environment, sandbox: Any) -> Any:
+    """What to give the verifier as ``sandbox``: ``sandbox`` itself, or a factory mounting ``env.site``."""
+    if not env.site:
+        return sandbox
+    from composer_replication.datagen.sandbox import make_sandbox
+
+    if callable(sandbox):
+        raise ValueError("a sandbox factory cannot be combined with a prepared task environment")
+    binds = {env.site: f"{SANDBOX_ENV}/site"}
+    return lambda: make_sandbox(sandbox, ro_binds=binds)
+
+
 def prepare(
     env: Environment, cache: Path, *, pip_args: list[str] | None = None, timeout_s: float = 900
 ) -> None:
@@ -148,6 +176,12 @@ def prepare(
         env.error = f"environment build failed: pip install {' '.join(env.packages)[:120]}: {last[:200]}"
         (home / "failed").write_text(env.error + "\n", encoding="utf-8")
         return
+    for d, _dirs, files in os.walk(home / "site.tmp"):  # the sandbox user reads it
+        os.chmod(d, 0o755)
+        for f in files:
+            p = os.path.join(d, f)
+            if not os.path.islink(p):
+                os.chmod(p, os.stat(p).st_mode | 0o444)
     os.replace(home / "site.tmp", home / "site")
     (home / "ok").write_text("\n", encoding="utf-8")
     env.site = str(home / "site")

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from composer_replication._io import atomic_write_json
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
 from composer_replication.datagen.tasks import Task, load_task
+from composer_replication.tasks import environment as envmod
 
 EVAL_FILE = "eval.json"
 
@@ -82,7 +83,7 @@ def load_task_dir(root: str | Path, say: Callable[[str], None]) -> tuple[list[Ta
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such tasks directory (make one with `tasks mine --out {root}`)")
     tasks: list[Task] = []
-    extra: dict[str, Any] = {"malformed": [], "deleted": {}}
+    extra: dict[str, Any] = {"malformed": [], "deleted": {}, "environment": {}}
     for d in sorted(root.iterdir()):
         if d.name.startswith(".") or not d.is_dir():
             continue
@@ -95,17 +96,34 @@ def load_task_dir(root: str | Path, say: Callable[[str], None]) -> tuple[list[Ta
             say(f"task {d.name}: skipped: {e}")
             continue
         tasks.append(task)
-        extra["deleted"][task.name] = _deleted(d)
+        data = _toml(d)
+        gone = _table(data, "solution").get("deleted", [])
+        extra["deleted"][task.name] = (
+            [p for p in gone if isinstance(p, str)] if isinstance(gone, list) else []
+        )
+        extra["environment"][task.name] = _table(data, "environment")
     return tasks, extra
 
 
-def _deleted(d: Path) -> list[str]:
+def _toml(d: Path) -> dict[str, Any]:
     try:
-        data = tomllib.loads((d / "task.toml").read_text(encoding="utf-8"))
+        return tomllib.loads((d / "task.toml").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return []
-    gone = data.get("solution", {}).get("deleted", []) if isinstance(data.get("solution"), dict) else []
-    return [p for p in gone if isinstance(p, str)] if isinstance(gone, list) else []
+        return {}  # the task.json layout
+
+
+def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
+    t = data.get(key)
+    return t if isinstance(t, dict) else {}
+
+
+def _sandbox_for(recipe: dict[str, Any], sandbox: Any, cache: Any) -> Any:
+    """The sandbox spec for a task whose checks need a prepared environment (prepared here if missing)."""
+    env = envmod.from_recipe(recipe)
+    envmod.prepare(env, cache or envmod.default_cache())
+    if env.error:
+        raise SandboxError(env.error)
+    return envmod.sandbox_spec(env, sandbox)
 
 
 def run_task(task: Task, policy: Policy, *, sandbox: Any = None) -> dict[str, Any]:
@@ -153,6 +171,7 @@ def evaluate(
     *,
     samples: int = 1,
     sandbox: Any = None,
+    env_cache: Any = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Score each policy on every task of ``tasks_dir`` (module docstring); writes ``out_dir/eval.json``."""
@@ -170,7 +189,12 @@ def evaluate(
             policy.deleted = extra["deleted"]
         rows = []
         for task in tasks:
-            attempts = [run_task(task, policy, sandbox=sandbox) for _ in range(samples)]
+            try:
+                spec = _sandbox_for(extra["environment"].get(task.name, {}), sandbox, env_cache)
+            except SandboxError as e:
+                attempts = [{"infra_error": f"environment: {e}", "seconds": 0.0}] * samples
+            else:
+                attempts = [run_task(task, policy, sandbox=spec) for _ in range(samples)]
             rows.append(_row(task.name, attempts, samples))
             r = rows[-1]
             state = "infra error" if r["scored"] == 0 else f"{r['solved']}/{r['scored']} solved"

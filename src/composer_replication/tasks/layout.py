@@ -44,6 +44,7 @@ class TaskDraft:
     timeout_s: float
     metadata: dict[str, Any] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # variables the checks run with
     verdict: dict[str, Any] = field(default_factory=dict)  # fail_to_pass, pass_to_pass after validation
 
 
@@ -87,6 +88,7 @@ def task_toml(draft: TaskDraft) -> str:
     tables = {
         "metadata": meta,
         "verifier": verifier,
+        "verifier.env": draft.env,
         "agent": {"timeout_sec": float(max(600.0, 5 * draft.timeout_s))},
         "solution": {"deleted": draft.deleted, "patch": "solution/patch.diff"},
         "environment": draft.environment,

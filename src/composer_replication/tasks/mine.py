@@ -30,6 +30,7 @@ from composer_replication.datagen.tasks import load_task
 from composer_replication.ingestion.redact import Redactor
 from composer_replication.tasks import layout
 from composer_replication.tasks.build import Built, Dropped, Options, SessionState, build
+from composer_replication.tasks.environment import sandbox_spec
 from composer_replication.tasks.episodes import episodes, turns
 from composer_replication.tasks.repo import locate
 from composer_replication.tasks.sessions import SessionLog, read_sessions
@@ -137,7 +138,7 @@ def _settle(built: Built, out: Path, sandbox: Any, index: dict[str, Any], say: A
             return {**row, "status": "dropped", "reason": old["reason"], "detail": old.get("detail", "")}
     stage = layout.write_task(out, d)
     try:
-        v = validate(load_task(stage), built.reference, sandbox=sandbox)
+        v = validate(load_task(stage), built.reference, sandbox=sandbox_spec(built.env, sandbox))
     except (ValueError, OSError) as e:  # a draft the loader refuses is a miner bug or a hostile repo
         shutil.rmtree(stage, ignore_errors=True)
         v_reason, v_detail = "task folder refused by the loader", str(e)[:300]
