@@ -35,7 +35,7 @@ class Dropped(Exception):
     """An episode that does not become a task; ``reason`` is one of the report's drop reasons."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
-        self.reason, self.detail = reason, detail
+        self.reason, self.detail = reason, detail.removeprefix(f"{reason}: ")
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
