@@ -136,7 +136,7 @@ def build(state: SessionState, ep: Episode, opts: Options, redactor: Redactor) -
         "reference": "the episode's recorded edits, replayed onto the starting state",
         "started_dirty": bool(dirty),
         "uncommitted_at_start": dirty,
-        "left_out": left_out,
+        "left_out": [*snap.left_out, *(f"{p}: not UTF-8 text" for p in left_out)],
     }
     first = ep.turn_range[0]
     draft = TaskDraft(
