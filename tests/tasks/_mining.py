@@ -45,6 +45,18 @@ def commit(path: Path, files: dict[str, str], msg: str = "change", *, date: str 
     return git(path, "rev-parse", "HEAD")
 
 
+def set_reflog_times(repo: Path, times: list[float]) -> None:
+    """Rewrite HEAD's reflog entries (oldest first) to the given unix times (when HEAD moved)."""
+    log = repo / ".git" / "logs" / "HEAD"
+    out = []
+    for line, t in zip(log.read_text().splitlines(), times, strict=True):
+        head, _, msg = line.partition("\t")
+        parts = head.split(" ")
+        parts[-2] = str(int(t))
+        out.append(" ".join(parts) + "\t" + msg)
+    log.write_text("\n".join(out) + "\n")
+
+
 def now(offset_s: float = 0.0) -> dt.datetime:
     return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset_s)
 
@@ -114,6 +126,17 @@ class ClaudeSession:
         else:
             self.call("Edit", inp, "<tool_use_error>String to replace not found in file.</tool_use_error>",
                       error=True, tur="Error: String to replace not found in file.")  # fmt: skip
+        return self
+
+    def read(self, path: str, content: str) -> ClaudeSession:
+        """A Read call whose output shows ``content`` the way Claude Code numbers lines."""
+        shown = "\n".join(f"{i:>6}\u2192{line}" for i, line in enumerate(content.split("\n"), 1))
+        self.call(
+            "Read",
+            {"file_path": path},
+            shown,
+            tur={"type": "text", "file": {"filePath": path, "content": content}},
+        )
         return self
 
     def write(self, path: str, content: str) -> ClaudeSession:

@@ -9,7 +9,18 @@ import shutil
 import tomllib
 
 import pytest
-from _mining import CALC, TEST_CALC, ClaudeSession, CodexSession, fix_session, git, make_repo
+from _mining import (
+    CALC,
+    TEST_CALC,
+    ClaudeSession,
+    CodexSession,
+    commit,
+    fix_session,
+    git,
+    make_repo,
+    now,
+    set_reflog_times,
+)
 
 from composer_replication.datagen.tasks import load_task, load_tasks
 from composer_replication.tasks import Options, mine_tasks
@@ -194,3 +205,42 @@ def test_repo_map_finds_a_moved_checkout(mined, tmp_path):
     opts = Options(timeout_s=8.0, repo_map=[("/home/someone", str(tmp_path / "moved"))])
     rep = mine_tasks([logs], tmp_path / "T", options=opts, sandbox="bwrap", log=lambda _: None)
     assert rep["counts"]["validated"] == 1, rep["sessions"]
+
+
+def test_a_session_begun_on_uncommitted_changes_is_reported(tmp_path):
+    repo = tmp_path / "repo"
+    make_repo(repo)
+    logs = tmp_path / "logs"
+    s = ClaudeSession(str(repo)).user("fix sub").read(f"{repo}/calc.py", CALC.replace("def add", "def plus"))
+    s.bash("python -m pytest -q test_calc.py", "1 failed", exit_code=1).edit(f"{repo}/calc.py", *FIX)
+    s.bash("python -m pytest -q test_calc.py", "2 passed").save(logs)
+    s2 = ClaudeSession(str(repo)).user("rename").read(f"{repo}/calc.py", CALC.replace("def add", "def plus"))
+    s2.bash("python -m pytest -q", "1 failed", exit_code=1).edit(
+        f"{repo}/calc.py", "def plus(a, b):", "def add(a, b):"
+    )
+    s2.save(logs)
+    lines: list[str] = []
+    rep = mine_tasks(
+        [logs], tmp_path / "T", options=Options(timeout_s=8.0), sandbox="bwrap", log=lines.append
+    )
+    kept, dropped = (rep["sessions"][i]["episodes"][0] for i in (0, 1))
+    assert kept["status"] == "validated" and dropped["reason"] == "patch does not apply"
+    assert "the session began on uncommitted changes to calc.py" in dropped["detail"]
+    meta = tomllib.loads((tmp_path / "T" / kept["task"] / "task.toml").read_text())["metadata"]
+    assert meta["dirty_at_session_start"] == ["calc.py"]
+    assert any("began on uncommitted changes to calc.py" in line and s.sid in line for line in lines)
+
+
+def test_a_commit_made_right_after_the_episode_is_recorded(tmp_path):
+    repo = tmp_path / "repo"
+    make_repo(repo)
+    fix_session(repo).save(tmp_path / "logs")
+    fixed = commit(repo, {"calc.py": CALC_OK}, "fix sub")
+    commit(repo, {"other.txt": "x"}, "unrelated")
+    t = now().timestamp()
+    set_reflog_times(repo, [t - 100, t + 60, t + 70])  # HEAD moved after the session
+    rep = mine_tasks([tmp_path / "logs"], tmp_path / "T", options=Options(timeout_s=8.0), sandbox="bwrap",
+                     log=lambda _: None)  # fmt: skip
+    (ep,) = rep["sessions"][0]["episodes"]
+    meta = tomllib.loads((tmp_path / "T" / ep["task"] / "task.toml").read_text())["metadata"]
+    assert meta["matching_commit"] == fixed and meta["commit"] != fixed

@@ -4,23 +4,10 @@ from __future__ import annotations
 
 import os
 
-from _mining import commit, git, iso, make_repo, now
+from _mining import commit, git, iso, make_repo, now, set_reflog_times
 
 from composer_replication.tasks.repo import git as run_git
 from composer_replication.tasks.repo import head_at, locate, map_path, parse_repo_map, snapshot
-
-
-def _set_reflog_times(repo, times):
-    """Rewrite HEAD's reflog entries (oldest first) to the given unix times."""
-    log = repo / ".git" / "logs" / "HEAD"
-    lines = log.read_text().splitlines()
-    out = []
-    for line, t in zip(lines, times, strict=True):
-        head, _, msg = line.partition("\t")
-        parts = head.split(" ")
-        parts[-2] = str(int(t))
-        out.append(" ".join(parts) + "\t" + msg)
-    log.write_text("\n".join(out) + "\n")
 
 
 def test_head_at_follows_the_reflog(tmp_path):
@@ -28,7 +15,7 @@ def test_head_at_follows_the_reflog(tmp_path):
     first = make_repo(repo)
     second = commit(repo, {"a.txt": "2"})
     t0 = now(-1000).timestamp()
-    _set_reflog_times(repo, [t0, t0 + 500])
+    set_reflog_times(repo, [t0, t0 + 500])
     assert head_at(str(repo), iso(now(-800)), "main") == (first, "reflog")
     assert head_at(str(repo), iso(now(-100)), "main") == (second, "reflog")
 

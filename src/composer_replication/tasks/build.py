@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from composer_replication.ingestion.redact import Redactor
 from composer_replication.tasks import environment as envmod
 from composer_replication.tasks.checks import find_checks
-from composer_replication.tasks.edits import ReplayError, replay
+from composer_replication.tasks.edits import ReplayError, replay, repo_path
 from composer_replication.tasks.episodes import Episode
 from composer_replication.tasks.layout import TaskDraft, is_test_path, safe_component
 from composer_replication.tasks.repo import (
@@ -80,36 +81,22 @@ def _snapshot(top: str, commit: str) -> Snapshot:
 
 def build(state: SessionState, ep: Episode, opts: Options, redactor: Redactor) -> Built:
     """The draft task of ``ep`` (see module docstring)."""
-    log, loc = state.log, state.loc
-    found = head_at(loc.top, ep.start_ts, log.branch)
-    if isinstance(found, str):
-        raise Dropped("commit not found", found)
-    commit, how = found
-    try:
-        snap = _snapshot(loc.top, commit)
-    except GitError as e:
-        raise Dropped("commit not found", f"{commit[:12]} cannot be read ({e})") from None
-    if state.overlay_commit != commit:
-        state.overlay, state.overlay_commit, state.broken = {}, commit, ""
-    if state.broken:
-        raise Dropped(
-            "patch does not apply", f"an earlier episode's changes could not be replayed ({state.broken})"
-        )
-    start = {**snap.files, **{p: d for p, d in state.overlay.items() if d is not None}}
-    for p, d in state.overlay.items():
-        if d is None:
-            start.pop(p, None)
+    loc = state.loc
+    commit, how, snap, start = _start(state, ep)
     dirty = sorted(state.overlay)
+    unseen = _read_differs(ep, start, snap, loc, opts)
     try:
         changes = replay(start, snap.symlinks, ep.ops, loc, opts.repo_map)
     except ReplayError as e:
         state.broken = e.detail
-        raise Dropped(e.reason, e.detail) from None
+        hint = f" (the session began on uncommitted changes to {', '.join(unseen[:3])})" if unseen else ""
+        raise Dropped(e.reason, e.detail + hint) from None
+    before = dict(state.overlay)
     state.overlay.update(changes)
     if not changes:
-        raise Dropped("patch does not apply", "the recorded changes leave every file as it was")
+        raise Dropped("no file changes", "the recorded changes leave every file as it was")
     checks = _checks(ep, loc, opts, redactor)
-    files, left_out = _texts(start, redactor, opts.max_task_bytes)
+    files, left_out = _start_texts(loc.top, snap, before, redactor, opts.max_task_bytes)
     final = {p: d for p, d in changes.items() if d is not None}
     after, _ = _texts(final, redactor, opts.max_task_bytes)
     if len(after) < len(final):
@@ -124,23 +111,15 @@ def build(state: SessionState, ep: Episode, opts: Options, redactor: Redactor) -
         raise Dropped("environment build failed", env.error)
     touching = commits_touching(loc.top, commit, ep.end_ts, sorted(changes))
     meta = {
-        "source": log.source,
-        "session_id": log.session_id,
-        "session_file": log.path.name,
-        "turns": list(ep.turn_range),
-        "episode": ep.index,
-        "repository": os.path.basename(loc.top),
-        "commit": commit,
-        "commit_found_by": how,
-        "matching_commit": touching[0] if touching else "",
+        "source": state.log.source, "session_id": state.log.session_id, "session_file": state.log.path.name,
+        "turns": list(ep.turn_range), "episode": ep.index, "repository": os.path.basename(loc.top),
+        "commit": commit, "commit_found_by": how, "matching_commit": touching[0] if touching else "",
         "reference": "the episode's recorded edits, replayed onto the starting state",
-        "started_dirty": bool(dirty),
-        "uncommitted_at_start": dirty,
+        "started_dirty": bool(dirty), "uncommitted_at_start": dirty, "dirty_at_session_start": unseen,
         "left_out": [*snap.left_out, *(f"{p}: not UTF-8 text" for p in left_out)],
-    }
-    first = ep.turn_range[0]
+    }  # fmt: skip
     draft = TaskDraft(
-        name=f"{safe_component(log.session_id, 36)}-t{first:03d}",
+        name=f"{safe_component(state.log.session_id, 36)}-t{ep.turn_range[0]:03d}",
         instruction=redactor.redact("\n\n".join(m.strip() for m in ep.messages)),
         files=files, test_files=tests, solution=solution, deleted=deleted, checks=checks,
         timeout_s=opts.timeout_s, metadata=meta, environment=env.recipe(), env=envmod.task_env(env),
@@ -148,6 +127,57 @@ def build(state: SessionState, ep: Episode, opts: Options, redactor: Redactor) -
     reference: dict[str, bytes | None] = {p: t.encode() for p, t in solution.items()}
     reference.update({p: None for p in deleted})
     return Built(draft, reference, env)
+
+
+def _start(state: SessionState, ep: Episode) -> tuple[str, str, Snapshot, dict[str, bytes]]:
+    """The starting commit (and how it was found), its snapshot, and the starting files: the commit's plus
+    what earlier episodes of the session changed without committing."""
+    found = head_at(state.loc.top, ep.start_ts, state.log.branch)
+    if isinstance(found, str):
+        raise Dropped("commit not found", found)
+    commit, how = found
+    try:
+        snap = _snapshot(state.loc.top, commit)
+    except GitError as e:
+        raise Dropped("commit not found", f"{commit[:12]} cannot be read ({e})") from None
+    if state.overlay_commit != commit:
+        state.overlay, state.overlay_commit, state.broken = {}, commit, ""
+    if state.broken:
+        why = f"an earlier episode's changes could not be replayed ({state.broken})"
+        raise Dropped("patch does not apply", why)
+    start = {**snap.files, **{p: d for p, d in state.overlay.items() if d is not None}}
+    for p, d in state.overlay.items():
+        if d is None:
+            start.pop(p, None)
+    return commit, how, snap, start
+
+
+_READ_LINE = re.compile(r"^ *(\d+)(?:\u2192|\t)(.*)$", re.M)
+
+
+def _read_differs(
+    ep: Episode, start: dict[str, bytes], snap: Snapshot, loc: RepoLocation, opts: Options
+) -> list[str]:
+    """Files whose ``Read`` output, before the episode changed anything, differs from the starting files:
+    the working tree held changes the miner cannot see (reported; the task is kept only if it validates)."""
+    out: set[str] = set()
+    for path, cwd, text in ep.reads_before_changes():
+        try:
+            rel = repo_path(path, cwd, loc, snap.symlinks, opts.repo_map)
+        except ReplayError:
+            continue
+        data = start.get(rel)
+        lines = data.decode("utf-8", "replace").split("\n") if data is not None else None
+        for m in _READ_LINE.finditer(text):
+            n, content = int(m.group(1)), m.group(2).rstrip("\r")
+            if (
+                lines is None
+                or n > len(lines)
+                or (len(content) < 2000 and lines[n - 1].rstrip("\r") != content)
+            ):
+                out.add(rel)
+                break
+    return sorted(out)
 
 
 def _checks(ep: Episode, loc: RepoLocation, opts: Options, redactor: Redactor) -> list[str]:
@@ -173,6 +203,29 @@ def _checks(ep: Episode, loc: RepoLocation, opts: Options, redactor: Redactor) -
             why += f" inside the repository ({outside} outside it, {secret} carrying a secret)"
         raise Dropped("no test run", why)
     return out
+
+
+_TEXTS: dict[tuple[str, str], tuple[dict[str, str], list[str]]] = {}
+
+
+def _start_texts(
+    top: str, snap: Snapshot, overlay: dict[str, bytes | None], redactor: Redactor, limit: int
+) -> tuple[dict[str, str], list[str]]:
+    """The starting files as redacted text: the commit's (redacted once per commit) plus the overlay."""
+    key = (top, snap.commit)
+    if key not in _TEXTS:
+        if len(_TEXTS) > 4:
+            _TEXTS.clear()
+        _TEXTS[key] = _texts(snap.files, redactor, limit)
+    base, left = _TEXTS[key]
+    files, left = dict(base), list(left)
+    for p, d in overlay.items():
+        files.pop(p, None)
+        if d is not None:
+            more, bad = _texts({p: d}, redactor, limit)
+            files.update(more)
+            left += bad
+    return files, left
 
 
 def _texts(files: dict[str, bytes], redactor: Redactor, limit: int) -> tuple[dict[str, str], list[str]]:

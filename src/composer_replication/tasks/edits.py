@@ -90,6 +90,11 @@ class _Tree:
         self.changes[rel] = None if text is None else text.encode("utf-8", "surrogateescape")
 
 
+def repo_path(path: str, cwd: str, loc: RepoLocation, symlinks: dict[str, str], repo_map: Any = ()) -> str:
+    """``path`` (absolute, or relative to ``cwd``) as a repository-relative path; `ReplayError` if outside."""
+    return _Tree({}, symlinks, loc, list(repo_map)).rel(path, cwd)
+
+
 def replay(
     files: dict[str, bytes], symlinks: dict[str, str], ops: list[Op], loc: RepoLocation, repo_map: Any = ()
 ) -> dict[str, bytes | None]:

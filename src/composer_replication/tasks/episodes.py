@@ -33,6 +33,10 @@ class Turn:
     ts: str
     ops: list[Op] = field(default_factory=list)
     commands: list[tuple[str, str]] = field(default_factory=list)  # (command line, workdir)
+    reads: list[tuple[str, str, str]] = field(
+        default_factory=list
+    )  # Read calls: (path, cwd, output), in order
+    n_ops_before_read: list[int] = field(default_factory=list)  # how many ops came before each read
     after_interrupt: bool = False  # sent right after the user interrupted the agent
     end_ts: str = ""
 
@@ -50,6 +54,15 @@ class Episode:
     @property
     def commands(self) -> list[tuple[str, str]]:
         return [c for t in [*self.turns, *self.trailing] for c in t.commands]
+
+    def reads_before_changes(self) -> list[tuple[str, str, str]]:
+        """The ``Read`` results the episode saw before its first change (they show the starting files)."""
+        out = []
+        for t in self.turns:
+            out += [r for r, n in zip(t.reads, t.n_ops_before_read, strict=True) if n == 0]
+            if t.ops:
+                break
+        return out
 
     @property
     def messages(self) -> list[str]:
@@ -105,6 +118,14 @@ def _add_tool(turn: Turn, ev: Any, cwd: str) -> None:
             turn.commands.append((cmd, workdir or cwd))
     elif name in EDIT_TOOLS and ev.error is None and isinstance(inp, dict):
         turn.ops.append(Op(name, inp, cwd))
+    elif (
+        name == "Read"
+        and ev.error is None
+        and isinstance(inp, dict)
+        and isinstance(inp.get("file_path"), str)
+    ):
+        turn.reads.append((inp["file_path"], cwd, ev.text))
+        turn.n_ops_before_read.append(len(turn.ops))
 
 
 def episodes(all_turns: list[Turn]) -> list[Episode]:

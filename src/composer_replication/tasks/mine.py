@@ -101,6 +101,13 @@ def _mine_session(
         except Dropped as d:
             row["episodes"].append(_drop(s, ep.index, ep.turn_range, d.reason, d.detail, say))
             continue
+        unseen = built.draft.metadata["dirty_at_session_start"]
+        if unseen:
+            say(
+                f"session {s.session_id} turns {ep.turn_range[0]}-{ep.turn_range[1]}: began on uncommitted "
+                f"changes to {', '.join(unseen[:3])} (its Read output differs from the starting commit); "
+                "kept only if it validates"
+            )
         row["episodes"].append(_settle(built, out, sandbox, index, say))
     return row
 
