@@ -195,8 +195,8 @@ class BwrapSandbox(SandboxContext):
             argv += ["--ro-bind", str(prefix), str(prefix)]
             path = f"{prefix}/bin:{path}"
         for host, inside in self.ro_binds.items():
-            for parent in reversed(Path(inside).parents[:-1]):
-                argv += ["--perms", "0755", "--dir", str(parent)]
+            for up in reversed(Path(inside).parents[:-1]):
+                argv += ["--perms", "0755", "--dir", str(up)]
             argv += ["--ro-bind", host, inside]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--ro-bind", "/dev/null", "/proc/keys", "--ro-bind", "/dev/null", "/proc/key-users"]
