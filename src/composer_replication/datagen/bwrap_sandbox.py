@@ -194,10 +194,10 @@ class BwrapSandbox(SandboxContext):
                 argv += ["--perms", "0711", "--dir", str(parent)]
             argv += ["--ro-bind", str(prefix), str(prefix)]
             path = f"{prefix}/bin:{path}"
-        for host, inside in self.ro_binds.items():
+        for outside, inside in self.ro_binds.items():
             for up in reversed(Path(inside).parents[:-1]):
                 argv += ["--perms", "0755", "--dir", str(up)]
-            argv += ["--ro-bind", host, inside]
+            argv += ["--ro-bind", outside, inside]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--ro-bind", "/dev/null", "/proc/keys", "--ro-bind", "/dev/null", "/proc/key-users"]
         if self._tmpfs is not None:

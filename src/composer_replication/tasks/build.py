@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from composer_replication.datagen.tasks import MAX_TASK_BYTES, MAX_TASK_FILES
 from composer_replication.ingestion.redact import Redactor
 from composer_replication.tasks import environment as envmod
 from composer_replication.tasks.checks import find_checks
@@ -29,8 +30,6 @@ from composer_replication.tasks.repo import (
 )
 from composer_replication.tasks.sessions import SessionLog
 
-MAX_TASK_BYTES = 64_000_000
-
 
 class Dropped(Exception):
     """An episode that does not become a task; ``reason`` is one of the report's drop reasons."""
@@ -46,7 +45,7 @@ class Options:
     timeout_s: float = 120.0  # per check
     env_cache: Any = None  # a Path; None = environment.default_cache()
     pip_args: list[str] = field(default_factory=list)
-    max_task_bytes: int = MAX_TASK_BYTES
+    max_task_bytes: int = MAX_TASK_BYTES  # the task loader's limits (datagen.tasks)
 
 
 @dataclass
@@ -105,6 +104,8 @@ def build(state: SessionState, ep: Episode, opts: Options, redactor: Redactor) -
     tests = {p: t for p, t in after.items() if is_test_path(p)}
     solution = {p: t for p, t in after.items() if p not in tests}
     files.update(tests)
+    if len(files) + len(solution) > MAX_TASK_FILES:
+        raise Dropped("repository too large", f"{len(files) + len(solution)} files, over {MAX_TASK_FILES}")
     env = envmod.detect(snap.files)
     envmod.prepare(env, opts.env_cache or envmod.default_cache(), pip_args=opts.pip_args)
     if env.error:
@@ -241,6 +242,6 @@ def _texts(files: dict[str, bytes], redactor: Redactor, limit: int) -> tuple[dic
             continue
         total += len(data)
         if total > limit:
-            raise Dropped("repository too large", f"over {limit // 1_000_000} MB of text files")
+            raise Dropped("repository too large", f"over {limit} bytes of text files (MAX_TASK_BYTES)")
         out[p] = redactor.redact(text)
     return out, sorted(left)
