@@ -23,6 +23,8 @@ PY = "python3 -m pytest -q -p no:cacheprovider"
         ('python -m pytest -k "add and not slow" --tb short t.py', "", f"{PY} -k 'add and not slow' t.py"),
         ("FOO=1 timeout 60 pytest", "", PY),
         ("pytest a.py::test_x", "pkg", f"cd pkg && {PY} a.py::test_x"),
+        ("pytest /r/test/t.py::T::test_a", "", f"{PY} test/t.py::T::test_a"),
+        ("cd /r/test && pytest /r/test/t.py", "", f"cd test && {PY} t.py"),
         ("python3 -m unittest tests.test_x -v", "", "python3 -m unittest tests.test_x"),
         ("npm run test -- --watch=false", "", "npm test -- --watch=false"),
         ("pnpm test", "", "pnpm test"),

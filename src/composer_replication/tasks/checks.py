@@ -93,9 +93,27 @@ def find_checks(command: str, subdir: str, tops: tuple[str, ...] = ()) -> list[C
         if rewritten is None or here is None:
             continue
         runner, args = rewritten
+        args = _relative_args(args, here, tops)
+        if args is None:
+            continue  # it names a test outside the repository
         line = shlex.join(args)
         checks.append(Check(f"cd {shlex.quote(here)} && {line}" if here else line, runner))
     return checks
+
+
+def _relative_args(args: list[str], here: str, tops: tuple[str, ...]) -> list[str] | None:
+    """Absolute test paths inside the repository made relative to the check's directory; None if one is
+    outside it."""
+    out = []
+    for a in args:
+        if a.startswith("/"):
+            path, sep, node = a.partition("::")
+            rel = _cd("", path, tops)
+            if rel is None:
+                return None
+            a = posixpath.relpath(rel or ".", here or ".") + sep + node
+        out.append(a)
+    return out
 
 
 def _cd(here: str | None, target: str, tops: tuple[str, ...]) -> str | None:
