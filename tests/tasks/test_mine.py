@@ -182,7 +182,7 @@ def test_report_and_loader_agree(mined):
     rep = json.loads((mined["out"] / "report.json").read_text())
     assert rep["counts"]["tasks"] == len(load_tasks(mined["out"])) == rep["counts"]["validated"] == 4
     assert rep["counts"]["episodes"] == rep["counts"]["tasks"] + rep["counts"]["dropped"]
-    assert not list(mined["out"].glob(".staging-*"))
+    assert not (mined["out"] / ".staging").exists()
 
 
 def test_a_rerun_reuses_validated_tasks_and_mines_only_new_sessions(mined, tmp_path):
@@ -191,10 +191,17 @@ def test_a_rerun_reuses_validated_tasks_and_mines_only_new_sessions(mined, tmp_p
     repo = mined["root"] / "repos" / "late"
     make_repo(repo)
     fix_session(repo).save(mined["logs"])
-    lines: list[str] = []
-    rep = mine_tasks([mined["logs"]], out, options=mined["opts"], sandbox="bwrap", log=lines.append)
-    assert rep["counts"]["reused"] == 4 and rep["counts"]["validated"] == 1
+    ok = mined["root"] / "repos" / "ok"
+    ok.rename(ok.with_name("ok-moved"))  # a validated task whose repository is gone now is kept
+    try:
+        lines: list[str] = []
+        rep = mine_tasks([mined["logs"]], out, options=mined["opts"], sandbox="bwrap", log=lines.append)
+    finally:
+        ok.with_name("ok-moved").rename(ok)
+    assert rep["counts"]["reused"] == 4 and rep["counts"]["validated"] == 1 and rep["counts"]["tasks"] == 5
     assert any("unchanged since the last run" in line for line in lines)
+    assert sum("kept from an earlier run" in line and "no repository" in line for line in lines) == 1
+    assert len(load_tasks(out)) == 5
 
 
 def test_repo_map_finds_a_moved_checkout(mined, tmp_path):

@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repo-map", action="append", metavar="OLD=NEW",
         help="a recorded path prefix and where that checkout is now (repeatable)",
     )  # fmt: skip
-    mine.add_argument("--check-timeout", type=float, default=120.0, metavar="S", help="seconds per check run")
+    mine.add_argument(
+        "--check-timeout", type=float, default=120.0, metavar="S", help="seconds per check run (default 120)"
+    )
     mine.add_argument(
         "--sandbox", choices=["bwrap", "docker"], help="sandbox backend (default: what is there)"
     )

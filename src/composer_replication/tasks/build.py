@@ -120,7 +120,7 @@ def build(state: SessionState, ep: Episode, opts: Options, redactor: Redactor) -
         "left_out": [*snap.left_out, *(f"{p}: not UTF-8 text" for p in left_out)],
     }  # fmt: skip
     draft = TaskDraft(
-        name=f"{safe_component(state.log.session_id, 36)}-t{ep.turn_range[0]:03d}",
+        name=task_name(state.log.session_id, ep),
         instruction=redactor.redact("\n\n".join(m.strip() for m in ep.messages)),
         files=files, test_files=tests, solution=solution, deleted=deleted, checks=checks,
         timeout_s=opts.timeout_s, metadata=meta, environment=env.recipe(), env=envmod.task_env(env),
@@ -128,6 +128,11 @@ def build(state: SessionState, ep: Episode, opts: Options, redactor: Redactor) -
     reference: dict[str, bytes | None] = {p: t.encode() for p, t in solution.items()}
     reference.update({p: None for p in deleted})
     return Built(draft, reference, env)
+
+
+def task_name(session_id: str, ep: Episode) -> str:
+    """``<session id>-t<first user turn>``: stable across runs, a safe file name."""
+    return f"{safe_component(session_id, 36)}-t{ep.turn_range[0]:03d}"
 
 
 def _start(state: SessionState, ep: Episode) -> tuple[str, str, Snapshot, dict[str, bytes]]:

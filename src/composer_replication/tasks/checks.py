@@ -92,8 +92,8 @@ def find_checks(command: str, subdir: str, tops: tuple[str, ...] = ()) -> list[C
         rewritten = _runner(argv)
         if rewritten is None or here is None:
             continue
-        runner, args = rewritten
-        args = _relative_args(args, here, tops)
+        runner, named = rewritten
+        args = _relative_args(named, here, tops)
         if args is None:
             continue  # it names a test outside the repository
         line = shlex.join(args)

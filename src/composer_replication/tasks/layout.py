@@ -1,7 +1,8 @@
 """Writing a mined task folder in the Harbor / Terminal-Bench layout (`datagen.harbor` reads it back).
 
-A folder is built beside its final place (``TASKS/.staging-NAME``) and renamed into place in one step,
-so a crash never leaves half a task where a re-run would take it for a finished one.
+A folder is built beside its final place (``TASKS/.staging/NAME``, a folder without a ``task.toml`` of
+its own, so task loaders never list it) and renamed into place in one step, so a crash never leaves half a
+task where a re-run or a loader would take it for a finished one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from composer_replication.datagen import harbor
 _TEST_NAME = re.compile(
     r"(^test_.*\.py$|_test\.py$|^conftest\.py$|_test\.go$|\.(test|spec)\.[cm]?[jt]sx?$|_spec\.rb$|_test\.exs$)"
 )
+STAGING = ".staging"
 _TEST_DIRS = {"tests", "test", "__tests__", "spec", "testing"}
 
 
@@ -49,8 +51,8 @@ class TaskDraft:
 
 
 def write_task(root: Path, draft: TaskDraft) -> Path:
-    """Write ``draft`` under ``root/.staging-NAME`` and return that path (`publish` moves it into place)."""
-    stage = root / f".staging-{draft.name}"
+    """Write ``draft`` under ``root/.staging/NAME`` and return that path (`publish` moves it into place)."""
+    stage = root / STAGING / draft.name
     if stage.exists():
         shutil.rmtree(stage)
     for sub, files in (
@@ -72,7 +74,7 @@ def write_task(root: Path, draft: TaskDraft) -> Path:
 def publish(stage: Path, final: Path) -> None:
     """Move a staged task folder to ``final``, replacing an older one there."""
     if final.exists():
-        old = final.with_name(f".old-{final.name}")
+        old = final.parent / STAGING / f".old-{final.name}"
         if old.exists():
             shutil.rmtree(old)
         os.replace(final, old)

@@ -2,7 +2,7 @@
 
 For each selected session (`tasks.sessions`): find its repository (`repo.locate`), cut it into episodes
 (`episodes`), draft each episode's task (`build`: starting commit and files, replayed reference, checks,
-environment), write it to ``TASKS/.staging-NAME`` (`layout`), load it back with the project's task
+environment), write it to ``TASKS/.staging/NAME`` (`layout`), load it back with the project's task
 loader, validate it in the sandbox (`validate`) and move it into place. ``TASKS/report.json`` lists
 sessions -> episodes -> tasks and every dropped episode with its reason; each drop also prints one line.
 
@@ -29,7 +29,7 @@ from composer_replication._lock import directory_lock
 from composer_replication.datagen.tasks import load_task
 from composer_replication.ingestion.redact import Redactor
 from composer_replication.tasks import layout
-from composer_replication.tasks.build import Built, Dropped, Options, SessionState, build
+from composer_replication.tasks.build import Built, Dropped, Options, SessionState, build, task_name
 from composer_replication.tasks.environment import sandbox_spec
 from composer_replication.tasks.episodes import episodes, turns
 from composer_replication.tasks.repo import locate
@@ -86,8 +86,10 @@ def _mine_session(
     if isinstance(loc, str):
         row["error"] = loc
         for ep in eps:
+            why = loc[len("no repository: ") :]
             row["episodes"].append(
-                _drop(s, ep.index, ep.turn_range, "no repository", loc[len("no repository: ") :], say)
+                _kept(s, ep, out, index, "no repository", why, say)
+                or _drop(s, ep.index, ep.turn_range, "no repository", why, say)
             )
         if not eps:
             say(f"session {s.session_id}: {loc} (no episode with file changes either)")
@@ -99,7 +101,10 @@ def _mine_session(
         try:
             built = build(state, ep, opts, redactor)
         except Dropped as d:
-            row["episodes"].append(_drop(s, ep.index, ep.turn_range, d.reason, d.detail, say))
+            row["episodes"].append(
+                _kept(s, ep, out, index, d.reason, d.detail, say)
+                or _drop(s, ep.index, ep.turn_range, d.reason, d.detail, say)
+            )
             continue
         unseen = built.draft.metadata["dirty_at_session_start"]
         if unseen:
@@ -117,6 +122,20 @@ def _drop(
 ) -> dict[str, Any]:
     say(f"session {s.session_id} turns {turn_range[0]}-{turn_range[1]}: dropped: {reason}: {detail}")
     return {"episode": n, "turns": list(turn_range), "status": "dropped", "reason": reason, "detail": detail}
+
+
+def _kept(
+    s: SessionLog, ep: Any, out: Path, index: dict[str, Any], reason: str, detail: str, say: Any
+) -> dict[str, Any] | None:
+    """An episode validated by an earlier run that cannot be mined again now (its repository moved, ...):
+    its task folder is kept as it is."""
+    name = task_name(s.session_id, ep)
+    old = index["episodes"].get(name)
+    if not (old and old.get("status") == "validated" and _loads(out / name)):
+        return None
+    say(f"task {name}: kept from an earlier run (cannot be mined again now: {reason}: {detail})")
+    row = {"episode": ep.index, "turns": list(ep.turn_range), "task": name, "status": "reused"}
+    return {**row, "fail_to_pass": old.get("fail_to_pass", []), "note": f"not re-mined: {reason}"}
 
 
 def _digest(built: Built) -> str:
@@ -217,8 +236,7 @@ def _finish(out: Path, report: dict[str, Any], index: dict[str, Any], say: Calla
         "dropped": sum(reasons.values()),
     }
     report["drop_reasons"] = dict(reasons.most_common())
-    for stale in out.glob(".staging-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    shutil.rmtree(out / layout.STAGING, ignore_errors=True)
     _save_index(out, index)
     atomic_write_json(out / REPORT, report)
     c = report["counts"]
