@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from _mining import commit, git, iso, make_repo, now, set_reflog_times
 
 from composer_replication.tasks.repo import git as run_git
-from composer_replication.tasks.repo import head_at, locate, map_path, parse_repo_map, snapshot
+from composer_replication.tasks.repo import TooLarge, head_at, locate, map_path, parse_repo_map, snapshot
 
 
 def test_head_at_follows_the_reflog(tmp_path):
@@ -75,3 +77,13 @@ def test_git_never_runs_the_repositorys_fsmonitor_or_hooks(tmp_path):
     assert not canary.exists()
     git(repo, "status")  # the control: plain git runs the configured program
     assert canary.exists()
+
+
+def test_a_tree_too_big_for_a_task_is_refused_before_it_is_read(tmp_path):
+    repo = tmp_path / "r"
+    sha = make_repo(repo, {"a.txt": "x" * 100, "b.txt": "y"})
+    with pytest.raises(TooLarge, match="2 files of 101 bytes"):
+        snapshot(str(repo), sha, max_files=1)
+    with pytest.raises(TooLarge):
+        snapshot(str(repo), sha, max_bytes=50)
+    assert len(snapshot(str(repo), sha, max_files=2, max_bytes=101).files) == 2

@@ -23,6 +23,7 @@ from composer_replication.tasks.repo import (
     GitError,
     RepoLocation,
     Snapshot,
+    TooLarge,
     commits_touching,
     head_at,
     map_path,
@@ -74,7 +75,7 @@ def _snapshot(top: str, commit: str) -> Snapshot:
     if key not in _SNAPSHOTS:
         if len(_SNAPSHOTS) > 8:
             _SNAPSHOTS.clear()
-        _SNAPSHOTS[key] = snapshot(top, commit)
+        _SNAPSHOTS[key] = snapshot(top, commit, max_files=MAX_TASK_FILES, max_bytes=4 * MAX_TASK_BYTES)
     return _SNAPSHOTS[key]
 
 
@@ -144,6 +145,8 @@ def _start(state: SessionState, ep: Episode) -> tuple[str, str, Snapshot, dict[s
     commit, how = found
     try:
         snap = _snapshot(state.loc.top, commit)
+    except TooLarge as e:
+        raise Dropped("repository too large", str(e)) from None
     except GitError as e:
         raise Dropped("commit not found", f"{commit[:12]} cannot be read ({e})") from None
     if state.overlay_commit != commit:

@@ -144,11 +144,21 @@ class Snapshot:
     left_out: list[str] = field(default_factory=list)
 
 
-def snapshot(repo: str, commit: str, *, max_file_bytes: int = MAX_FILE_BYTES) -> Snapshot:
-    """Every blob of ``commit`` (symlinks as their targets' contents when those stay inside the tree)."""
+class TooLarge(ValueError):
+    """A commit with more files or bytes than a task may hold (nothing of it was read)."""
+
+
+def snapshot(
+    repo: str, commit: str, *, max_file_bytes: int = MAX_FILE_BYTES, max_files: int = 0, max_bytes: int = 0
+) -> Snapshot:
+    """Every blob of ``commit`` (symlinks as their targets' contents when those stay inside the tree).
+
+    `TooLarge` before any blob is read when the tree holds more than ``max_files`` files or
+    ``max_bytes`` bytes (0 = no limit)."""
     listing = git(repo, "ls-tree", "-r", "-z", "--full-tree", "-l", commit).split(b"\0")
     snap = Snapshot(commit)
     blobs: list[tuple[str, str]] = []
+    sizes: list[str] = []
     for entry in filter(None, listing):
         meta, _, raw = entry.partition(b"\t")
         mode, kind, sha, size = meta.decode().split()
@@ -159,8 +169,13 @@ def snapshot(repo: str, commit: str, *, max_file_bytes: int = MAX_FILE_BYTES) ->
             snap.left_out.append(f"{path}: {size} bytes, over {max_file_bytes}")
         else:
             blobs.append((path, sha))
+            sizes.append(size if size != "-" else "0")
             if mode == "120000":
                 snap.symlinks[path] = ""
+    total = sum(int(size) for size in sizes)
+    if (max_files and len(blobs) > max_files) or (max_bytes and total > max_bytes):
+        raise TooLarge(f"{len(blobs)} files of {total} bytes at {commit[:12]} (a task holds at most {max_files} "
+                       f"files and {max_bytes} bytes)")  # fmt: skip
     data = _cat_blobs(repo, [sha for _, sha in blobs])
     for path, sha in blobs:
         if path in snap.symlinks:
