@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from _mining import commit, git, iso, make_repo, now, set_reflog_times
 
-from composer_replication.tasks.repo import git as run_git
 from composer_replication.tasks.repo import TooLarge, head_at, locate, map_path, parse_repo_map, snapshot
+from composer_replication.tasks.repo import git as run_git
 
 
 def test_head_at_follows_the_reflog(tmp_path):
