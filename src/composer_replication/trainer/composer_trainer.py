@@ -264,8 +264,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
             scored = [p for p in parts or [] if p] if isinstance(parts, list) and len(parts) == n else []
             for key in scored[0] if scored else ():
                 self._metrics[mode][f"reward_parts/{key}"].append(sum(p[key] for p in scored) / len(scored))
-            if scored and isinstance(getattr(f, "last_hack_attempts", None), int):
-                self._metrics[mode]["reward_hack_attempts"].append(float(f.last_hack_attempts))
+            if scored and isinstance(hacks := getattr(f, "last_hack_attempts", None), int):
+                self._metrics[mode]["reward_hack_attempts"].append(float(hacks))
 
     @torch.no_grad()
     def _apply_k1_in_reward(self, out: dict[str, Any]) -> None:
