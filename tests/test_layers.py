@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("losses", {"channels", "loss", "opsd", "distillation", "batch", "hint_generator"}),
     ("data", {"ingestion", "teacher_replay", "datagen"}),
     ("normalisation", {"replaysim"}),
+    ("tasks", {"tasks"}),
     ("training", {"trainer"}),
     ("scale", {"diloco"}),
     ("orchestration", {"pipeline", "recipes"}),

@@ -120,9 +120,9 @@ def test_run_rollouts_resumes_and_retries_infra_errors(tmp_path):
     tasks = [bundled_tasks()["off_by_one"], bundled_tasks()["fix_import"]]
     calls = []
 
-    def factory():
+    def factory():  # two sandboxes a rollout (the agent's, the verifier's): the 3rd is fix_import's
         calls.append(1)
-        return BwrapSandbox(bwrap="/nonexistent/bwrap") if len(calls) == 2 else BwrapSandbox()
+        return BwrapSandbox(bwrap="/nonexistent/bwrap") if len(calls) == 3 else BwrapSandbox()
 
     first = run_rollouts(tasks, oracle_policy, tmp_path, progress=False, sandbox_factory=factory)
     assert [(r.task, r.status) for r in first] == [("off_by_one", "ok"), ("fix_import", "infra_error")]

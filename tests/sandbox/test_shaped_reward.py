@@ -1,5 +1,5 @@
 """The shaped sandbox reward on the bundled tasks, in a real sandbox: partial credit, graded tasks,
-hints at failed calls, tests that cannot be rewritten away, infrastructure failures excluded."""
+hints at failed calls, rewritten tests scored 0 and counted, infrastructure failures excluded."""
 
 from __future__ import annotations
 
@@ -84,8 +84,15 @@ def test_rewriting_the_tests_does_not_pass_them():
     cheat = wire.format_tool_use(
         "Write", {"file_path": "test_mathx.py", "content": "def test_ok():\n    pass\n"}
     )
-    out = reward(completions=[cheat], task=["off_by_one"])
-    assert reward.last_parts[0]["tests"] == pytest.approx(1 / 3) and out[0] < 0.6
+    out = reward(completions=[cheat, _oracle_completion(tasks["off_by_one"])], task=["off_by_one"] * 2)
+    # the test part of an attempt is 0 (default on_protected="zero"); it is counted, the real fix is not
+    assert reward.last_parts[0]["tests"] == 0.0 and out[0] == pytest.approx(0.3)
+    assert out[1] == pytest.approx(1.0) and [v.hacked for v in reward.last_verdicts] == [True, False]
+    assert reward.last_verdicts[0].protected_touched == ["test_mathx.py"]
+    assert reward.last_hack_attempts == reward.reward_hack_attempts == reward.stats.reward_hack_attempts == 1
+    lenient = make_shaped_reward(tasks, on_protected="restore")
+    lenient(completions=[cheat], task=["off_by_one"])  # scored with the task's tests put back
+    assert lenient.last_parts[0]["tests"] == pytest.approx(1 / 3) and lenient.reward_hack_attempts == 1
 
 
 def test_infrastructure_failure_is_none_and_excluded(tmp_path):

@@ -37,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "normalize": ("normalize", "dedup and filter preference pairs with data-juicer"),
     "train": ("train", "train with the three-channel loss (offline SFT+SDPO+DPO, or GRPO via TRL)"),
     "validate": ("validate", "check a config file without loading a model"),
+    "tasks": ("tasks", "mine validated coding tasks from your sessions and their repositories"),
+    "eval": ("eval", "score a policy on a task set: pass@1, share of checks passing, per-task rows"),
     "rollout": ("rollout", "run a model as a coding agent on sandboxed tasks; record Claude Code sessions"),
     "launch": ("launch", "run DiLoCo replicas on local processes, Modal, HF Jobs, SageMaker or EKS"),
     "smoke": ("smoke", "a few compose_loss training steps on the default model; prints per-channel losses"),

@@ -53,6 +53,7 @@ from composer_replication.datagen.sandbox_base import (
     SandboxError,
     SandboxLimits,
     check_command,
+    check_ro_binds,
     limit_violations,
     safe_relpath,
     truncate_output,
@@ -79,6 +80,8 @@ class BwrapSandbox(SandboxContext):
             required (`SandboxError` if unavailable), False = per-process rlimits only.
         workspace_tmpfs: the workspace (and ``/tmp``) on one host tmpfs of ``workspace_mb``: None = when
             running as root, True = required, False = a plain directory checked after each command.
+        ro_binds: host directories mounted read-only inside, ``{host: "/opt/..."}`` (a task's prepared
+            environment; `sandbox_base.check_ro_binds`).
 
     ``containment`` (after `start`) names what holds here: ``{"memory": "cgroup-v1" | "cgroup-v2" |
     "rlimit-per-process", "workspace": "tmpfs" | "checked-after-each-command"}``.
@@ -97,8 +100,10 @@ class BwrapSandbox(SandboxContext):
         bwrap: str = "bwrap",
         cgroups: bool | None = None,
         workspace_tmpfs: bool | None = None,
+        ro_binds: dict[str, str] | None = None,
     ) -> None:
         self.limits = limits or SandboxLimits()
+        self.ro_binds = check_ro_binds(ro_binds)
         self._given_workspace = Path(workspace) if workspace is not None else None
         self.workspace: Path | None = None
         self.sandbox_uid = sandbox_uid
@@ -189,6 +194,10 @@ class BwrapSandbox(SandboxContext):
                 argv += ["--perms", "0711", "--dir", str(parent)]
             argv += ["--ro-bind", str(prefix), str(prefix)]
             path = f"{prefix}/bin:{path}"
+        for outside, inside in self.ro_binds.items():
+            for up in reversed(Path(inside).parents[:-1]):
+                argv += ["--perms", "0755", "--dir", str(up)]
+            argv += ["--ro-bind", outside, inside]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--ro-bind", "/dev/null", "/proc/keys", "--ro-bind", "/dev/null", "/proc/key-users"]
         if self._tmpfs is not None:

@@ -48,6 +48,7 @@ from composer_replication.datagen.sandbox_base import (  # re-exported: the §16
     SandboxError,
     SandboxLimits,
     check_command,
+    check_ro_binds,
     limit_violations,
     safe_relpath,
     truncate_output,
@@ -128,6 +129,8 @@ class DockerSandbox(SandboxContext):
         executable: ``"docker"`` or ``"podman"``.
         runtime: an OCI runtime such as ``"runsc"`` (gVisor), or None for the default.
         cpus: ``--cpus`` for the container.
+        ro_binds: host directories mounted read-only inside, ``{host: "/opt/..."}``
+            (`sandbox_base.check_ro_binds`).
     """
 
     type = "docker"
@@ -142,8 +145,10 @@ class DockerSandbox(SandboxContext):
         runtime: str | None = None,
         cpus: float = 1.0,
         user: str = "65534:65534",
+        ro_binds: dict[str, str] | None = None,
     ) -> None:
         self.limits = limits or SandboxLimits()
+        self.ro_binds = check_ro_binds(ro_binds)
         self.image = image
         self.executable = executable
         self.runtime = runtime
@@ -182,6 +187,8 @@ class DockerSandbox(SandboxContext):
         argv += ["--ulimit", f"cpu={lim.cpu_s}:{lim.cpu_s + 1}", "--ulimit", "core=0:0"]
         argv += ["--env", "HOME=" + WORKDIR, "--env", "PYTHONDONTWRITEBYTECODE=1"]
         argv += ["--env", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1"]
+        for host, inside in self.ro_binds.items():
+            argv += ["--mount", f"type=bind,source={host},target={inside},readonly"]
         if self.runtime:
             argv += ["--runtime", self.runtime]
         argv += [self.image, "sleep", "infinity"]

@@ -3,10 +3,11 @@
 What is covered:
 - `SandboxCodingEnv`: one instance per rollout (TRL pools and ``reset()``s them); ``reset(task=...)`` starts
   a fresh sandbox with the task's files; its public methods ``bash``, ``read``, ``write``, ``edit`` are the
-  model's tools (TRL reads their signatures and docstrings); ``get_reward()`` runs the task's tests in
-  the sandbox: 1.0 pass, 0.0 fail.
+  model's tools (TRL reads their signatures and docstrings); ``get_reward()`` asks the verifier
+  (`datagen.verifier.verify`: the task's checks in a fresh sandbox, test files from the task): 1.0
+  solved, 0.0 not.
 - `make_test_reward`: a plain ``reward_funcs`` entry for tool-less GRPO: it applies the tool calls found
-  in each completion (``wire`` action lines) in a fresh sandbox, then runs the tests.
+  in each completion (``wire`` action lines) in a fresh sandbox, then asks the verifier.
 - Infrastructure failures (sandbox start or exec failing) return **None**: TRL 1.16 turns None into NaN,
   leaves it out of the group mean/std (``nanmean``/``nanstd``) and zeroes that completion's advantage, so
   it neither scores 0 nor moves the policy. Both count them in an `InfraStats`.
@@ -28,6 +29,7 @@ from typing import Any
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
 from composer_replication.datagen.tasks import Task, bundled_tasks
 from composer_replication.datagen.tools import parse_tool_calls, run_tool
+from composer_replication.datagen.verifier import verify
 from composer_replication.safety.kill_switch import KillSwitch
 
 
@@ -39,6 +41,7 @@ class InfraStats:
     infra_errors: int = 0
     rewards: list[float | None] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    reward_hack_attempts: int = 0  # scored rollouts that touched a protected path (`datagen.verifier`)
 
     def record(self, reward: float | None, error: str | None = None) -> float | None:
         self.rewards.append(reward)
@@ -50,8 +53,14 @@ class InfraStats:
         return reward
 
 
-def _score(sb: Sandbox, task: Task) -> float:
-    return 1.0 if sb.exec(task.test_command, timeout=task.timeout_s).ok else 0.0
+def _score(sb: Sandbox, task: Task, factory: Callable[[], Sandbox], stats: InfraStats) -> float | None:
+    """1.0 / 0.0 by the verifier (`datagen.verifier.verify`; a fresh sandbox from ``factory``), recorded
+    in ``stats``; None (recorded as an infrastructure failure) when the checks could not run."""
+    verdict = verify(task, sb, sandbox=factory)
+    if verdict.infra_error is not None:
+        return stats.record(None, verdict.infra_error)
+    stats.reward_hack_attempts += verdict.hacked
+    return stats.record(1.0 if verdict.solved else 0.0)
 
 
 class SandboxCodingEnv:
@@ -152,10 +161,7 @@ class SandboxCodingEnv:
         try:
             if self._infra_error is not None or self._sb is None or self._task is None:
                 return self._stats.record(None, self._infra_error or "no sandbox")
-            try:
-                return self._stats.record(_score(self._sb, self._task))
-            except SandboxError as e:
-                return self._stats.record(None, str(e))
+            return _score(self._sb, self._task, self._factory, self._stats)
         finally:
             self._close()
 
@@ -195,7 +201,7 @@ def make_test_reward(
                         sb.put(path, content)
                     for call in parse_tool_calls(text):
                         run_tool(sb, call["name"], call["input"], timeout=tool_timeout)
-                    rewards.append(stats.record(_score(sb, t)))
+                    rewards.append(_score(sb, t, factory, stats))
             except SandboxError as e:
                 rewards.append(stats.record(None, str(e)))
         return rewards

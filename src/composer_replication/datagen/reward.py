@@ -11,8 +11,11 @@ fresh sandbox with the task's files and scored ``Σ w_k · part_k`` over three p
   (``3 passed, 1 failed``; a collection error counts as a failure), else the test command's exit code.
 
 With the default weights (0.1, 0.2, 0.7) a completion that makes every test pass with calls that all
-run scores 1.0. The task's test files (``test_*.py``, ``*_test.py``) are restored before the tests
-run, so a completion cannot pass by rewriting them. An infrastructure failure (the sandbox cannot
+run scores 1.0. ``tests`` comes from the verifier (`datagen.verifier.verify`): the task's checks run in a
+fresh sandbox on the task's files plus only the completion's changes to files the task does not protect,
+so rewriting tests, a ``conftest.py`` hook, pytest settings, start-up hooks or planted bytecode earn
+nothing; a completion that touched a protected path is counted in ``reward_hack_attempts`` and, under the
+default ``on_protected="zero"``, its ``tests`` part is 0. An infrastructure failure (the sandbox cannot
 start or an exec fails) scores **None**: TRL leaves it out of the group's mean and std and gives it no
 advantage, so it is neither a failure of the model nor a free 0.
 
@@ -21,44 +24,27 @@ call that failed (``last_hints``): the error is classified by ``ingestion.errors
 malformed tool line is ``json_decode``) and turned into text by ``hint_generator.hint_for_error``; the
 trainer's teacher is the same model given the prompt plus that hint (``trainer.composer_trainer``).
 
-What is covered: scores come only from commands run in the sandbox (no network). What is not covered: a
-completion can still game tests by other means than editing test files (a ``conftest.py`` that patches
-them, say); the bundled tasks are small enough to read, real tasks need tests the agent cannot reach.
+What is covered: scores come only from commands run in sandboxes (no network), judged by the verifier.
+What is not covered: what the verifier does not cover (its module docstring: code written to target the
+verifier itself, weak tests).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
-from pathlib import PurePosixPath
 from typing import Any
 
 from composer_replication.datagen.env import InfraStats
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
 from composer_replication.datagen.tasks import Task, bundled_tasks
 from composer_replication.datagen.tools import TOOL_SCHEMAS, parse_tool_calls, run_tool
+from composer_replication.datagen.verifier import OnProtected, Verdict, passed_fraction, verify
 from composer_replication.safety.stop import Stop, as_stop
+
+__all__ = ["TOOL_NAMES", "WEIGHTS", "make_shaped_reward", "passed_fraction", "score_completion"]
 
 WEIGHTS: dict[str, float] = {"format": 0.1, "runs": 0.2, "tests": 0.7}
 TOOL_NAMES = tuple(t["function"]["name"] for t in TOOL_SCHEMAS)
-_COUNT = re.compile(r"(\d+) (passed|failed|errors?)\b")
-
-
-def passed_fraction(output: str, ok: bool) -> float:
-    """Passed / (passed + failed + errors) from the last pytest-style summary line; else 1.0 / 0.0 by
-    the exit status. ``N passed, M failed`` from another test script is read the same way."""
-    for line in reversed(output.strip().splitlines()):
-        counts = {kind.rstrip("s"): int(n) for n, kind in _COUNT.findall(line)}
-        if counts:
-            passed = counts.get("passed", 0)
-            total = passed + counts.get("failed", 0) + counts.get("error", 0)
-            return passed / total if total else float(ok)
-    return 1.0 if ok else 0.0
-
-
-def _is_test_file(path: str) -> bool:
-    name = PurePosixPath(path).name
-    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
 
 
 def _hint(call: dict[str, Any], content: str) -> str | None:
@@ -75,14 +61,16 @@ def _hint(call: dict[str, Any], content: str) -> str | None:
     return hint_for_error(kind, meta)
 
 
-def score_completion(
-    sb: Sandbox, task: Task, text: str, *, tool_timeout: float = 20.0, kill_switch: Stop | None = None
-) -> tuple[dict[str, float], str | None]:
-    """Apply ``text``'s tool calls in ``sb`` (already holding the task's files) and score them.
-
-    Returns ``({"format", "runs", "tests"}, hint at the first failed call or None)``. Raises
-    `SandboxError` on an infrastructure failure.
-    """
+def _score(
+    sb: Sandbox,
+    task: Task,
+    text: str,
+    *,
+    tool_timeout: float,
+    kill_switch: Stop | None,
+    sandbox_factory: Callable[[], Sandbox] | None,
+    on_protected: OnProtected,
+) -> tuple[dict[str, float], str | None, Verdict]:
     stop = as_stop(kill_switch)
     calls = parse_tool_calls(text)
     well_formed = bool(calls) and all(c["name"] in TOOL_NAMES for c in calls)
@@ -96,15 +84,37 @@ def score_completion(
                 hint = _hint(call, outcome.content) or None
         else:
             ran += 1
-    for path, content in task.files.items():
-        if _is_test_file(path):
-            sb.put(path, content)
-    r = sb.exec(task.test_command, timeout=task.timeout_s)
+    verdict = verify(task, sb, sandbox=sandbox_factory or make_sandbox, on_protected=on_protected)
+    if verdict.tests_score is None:
+        raise SandboxError(verdict.infra_error or "the verifier could not run the checks")
     parts = {
         "format": 1.0 if well_formed else 0.0,
         "runs": ran / len(calls) if calls else 0.0,
-        "tests": passed_fraction(r.output, r.ok),
+        "tests": verdict.tests_score,
     }
+    return parts, hint, verdict
+
+
+def score_completion(
+    sb: Sandbox,
+    task: Task,
+    text: str,
+    *,
+    tool_timeout: float = 20.0,
+    kill_switch: Stop | None = None,
+    sandbox_factory: Callable[[], Sandbox] | None = None,
+    on_protected: OnProtected = "zero",
+) -> tuple[dict[str, float], str | None]:
+    """Apply ``text``'s tool calls in ``sb`` (already holding the task's files) and score them.
+
+    ``tests`` is the verifier's ``tests_score`` (`datagen.verifier.verify`, its fresh sandbox from
+    ``sandbox_factory``, default `make_sandbox`). Returns ``({"format", "runs", "tests"}, hint at the
+    first failed call or None)``. Raises `SandboxError` on an infrastructure failure.
+    """
+    parts, hint, _ = _score(
+        sb, task, text, tool_timeout=tool_timeout, kill_switch=kill_switch,
+        sandbox_factory=sandbox_factory, on_protected=on_protected,
+    )  # fmt: skip
     return parts, hint
 
 
@@ -116,14 +126,18 @@ def make_shaped_reward(
     weights: Mapping[str, float] | None = None,
     tool_timeout: float = 20.0,
     kill_switch: Stop | None = None,
+    on_protected: OnProtected = "zero",
 ) -> Callable[..., list[float | None]]:
     """A ``reward_funcs`` entry scoring each completion with :func:`score_completion` (module docstring).
 
-    The dataset needs a ``task`` column. The function carries ``stats`` (an `InfraStats`),
-    ``last_hints`` and ``last_parts`` (per completion of its last call; ``ComposerReplicationTrainer``
-    reads both: the hints for SDPO, the parts' means as ``reward_parts/<part>`` metrics) and
-    ``parts_history`` (the mean of each part per call). Sandbox violations go to ``kill_switch`` (a
-    `Stop`: ``observe(violation=(kind, detail))``).
+    The dataset needs a ``task`` column. The function carries ``stats`` (an `InfraStats`, which also
+    counts ``reward_hack_attempts``), ``last_hints``, ``last_parts`` and ``last_verdicts`` (per
+    completion of its last call; ``ComposerReplicationTrainer`` reads the hints for SDPO, the parts'
+    means as ``reward_parts/<part>`` and ``last_hack_attempts`` as ``reward_hack_attempts``),
+    ``parts_history`` (the mean of each part per call) and ``reward_hack_attempts`` (completions so
+    far that touched a protected path). Sandbox violations go to ``kill_switch`` (a `Stop`:
+    ``observe(violation=(kind, detail))``). ``on_protected``: the verifier's policy (``"zero"`` or
+    ``"restore"``, `datagen.verifier`).
     """
     tasks = dict(tasks) if tasks is not None else bundled_tasks()
     factory = sandbox_factory or make_sandbox
@@ -136,6 +150,7 @@ def make_shaped_reward(
         rewards: list[float | None] = []
         hints: list[str | None] = []
         parts_rows: list[dict[str, float] | None] = []
+        verdicts: list[Verdict | None] = []
         for completion, name in zip(completions, task, strict=True):
             text = (
                 completion
@@ -149,18 +164,24 @@ def make_shaped_reward(
                 with factory() as sb:
                     for path, content in t.files.items():
                         sb.put(path, content)
-                    parts, hint = score_completion(
-                        sb, t, text, tool_timeout=tool_timeout, kill_switch=kill_switch
-                    )
+                    parts, hint, verdict = _score(
+                        sb, t, text, tool_timeout=tool_timeout, kill_switch=kill_switch,
+                        sandbox_factory=factory, on_protected=on_protected,
+                    )  # fmt: skip
             except SandboxError as e:
                 rewards.append(stats.record(None, str(e)))
                 hints.append(None)
                 parts_rows.append(None)
+                verdicts.append(None)
                 continue
+            stats.reward_hack_attempts += verdict.hacked
             rewards.append(stats.record(sum(w[k] * parts[k] for k in w)))
             hints.append(hint)
             parts_rows.append(parts)
-        fn.last_hints, fn.last_parts = hints, parts_rows
+            verdicts.append(verdict)
+        fn.last_hints, fn.last_parts, fn.last_verdicts = hints, parts_rows, verdicts
+        fn.last_hack_attempts = sum(v is not None and v.hacked for v in verdicts)
+        fn.reward_hack_attempts += fn.last_hack_attempts
         scored = [p for p in parts_rows if p is not None]
         if scored:
             fn.parts_history.append({k: sum(p[k] for p in scored) / len(scored) for k in WEIGHTS})
@@ -168,4 +189,5 @@ def make_shaped_reward(
 
     fn: Any = shaped_sandbox_reward
     fn.stats, fn.last_hints, fn.last_parts, fn.parts_history = stats, [], [], []
+    fn.last_verdicts, fn.last_hack_attempts, fn.reward_hack_attempts = [], 0, 0
     return fn

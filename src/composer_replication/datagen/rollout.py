@@ -3,10 +3,12 @@
 What is covered: the agent loop (policy -> tool calls -> sandbox -> tool results, up to ``max_turns``),
 rendered with :mod:`composer_replication.wire` (the same system message, action lines and tool-result
 messages as training, GRPO and evaluation),
-reward = the task's test command exits 0 in the same sandbox, a Claude Code session log per rollout
+reward = the verifier's verdict (`datagen.verifier.verify`: the task's checks in a fresh sandbox on the
+task's files plus the agent's changes to unprotected files; 1.0 solved, 0.0 not; a rollout that touched
+a protected path is flagged ``reward_hack``), a Claude Code session log per rollout
 (so ``ingestion.claude_code.ClaudeCodeIngester`` turns generated data into states and traces like real
 sessions), an append-only ``rollouts.jsonl`` index that makes `run_rollouts` resumable, kill-switch
-polling between turns, and sandbox violations reported to the switch.
+polling between turns, sandbox violations reported to the switch, and one process per output directory (`_lock`).
 
 What is not covered: infrastructure failures (the sandbox cannot start or crashes, the harness times
 out) are **not** the agent's fault: such rollouts get ``status="infra_error"`` and ``reward=None`` and
@@ -28,9 +30,11 @@ from typing import Any
 
 from composer_replication import wire
 from composer_replication._io import JsonlAppender, read_jsonl
+from composer_replication._lock import directory_lock
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
 from composer_replication.datagen.tasks import Task, bundled_tasks, check_name, path_inside
 from composer_replication.datagen.tools import TOOL_SCHEMAS, format_tool_call, parse_tool_calls, run_tool
+from composer_replication.datagen.verifier import OnProtected, Verdict, verify
 from composer_replication.safety.kill_switch import EXIT_KILL_SWITCH, KillSwitch, KillSwitchTriggered
 
 Policy = Callable[[list[dict[str, Any]]], str]  # chat messages -> assistant text (tool calls inline)
@@ -158,33 +162,45 @@ class RolloutResult:
     rollout_id: str
     task: str
     status: str  # "ok" | "infra_error"
-    reward: float | None  # 1.0 tests pass, 0.0 they fail, None on infra_error
+    reward: float | None  # 1.0 solved (the verifier), 0.0 not, None on infra_error
     turns: int = 0
     session_log: str | None = None
     test_output: str = ""
     error: str | None = None
     violations: list[str] = field(default_factory=list)
     duration_s: float = 0.0
+    protected_touched: list[str] = field(default_factory=list)  # protected paths the agent touched
+    reward_hack: bool = False  # it touched one: a reward-hack attempt (scored 0 under on_protected="zero")
 
 
-def score_in_sandbox(sb: Sandbox, task: Task) -> tuple[float, str]:
-    """Run the task's tests in ``sb``: (1.0 if they exit 0 else 0.0, their output). Raises `SandboxError`."""
-    r = sb.exec(task.test_command, timeout=task.timeout_s)
-    return (1.0 if r.ok else 0.0), r.output
+def score_in_sandbox(
+    sb: Sandbox,
+    task: Task,
+    *,
+    sandbox_factory: Callable[[], Sandbox] | None = None,
+    on_protected: OnProtected = "zero",
+) -> tuple[float, str]:
+    """The verifier's verdict on the work in ``sb`` (`datagen.verifier.verify`, its fresh sandbox from
+    ``sandbox_factory``): (1.0 if solved else 0.0, the checks' output). Raises `SandboxError`."""
+    verdict = verify(task, sb, sandbox=sandbox_factory or make_sandbox, on_protected=on_protected)
+    if verdict.infra_error is not None:
+        raise SandboxError(verdict.infra_error)
+    return (1.0 if verdict.solved else 0.0), verdict.output
+
+
+def _record_verdict(result: RolloutResult, verdict: Verdict) -> None:
+    if verdict.infra_error is not None:
+        raise SandboxError(verdict.infra_error)
+    result.reward, result.test_output = (1.0 if verdict.solved else 0.0), verdict.output
+    result.protected_touched, result.reward_hack = verdict.protected_touched, verdict.hacked
 
 
 def _split_blocks(text: str, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     prose = wire.parse_action(text).text
     blocks: list[dict[str, Any]] = [{"type": "text", "text": prose}] if prose or not calls else []
     for c in calls:
-        blocks.append(
-            {
-                "type": "tool_use",
-                "id": f"toolu_{uuid.uuid4().hex[:24]}",
-                "name": c["name"],
-                "input": c["input"],
-            }
-        )
+        tool_id = f"toolu_{uuid.uuid4().hex[:24]}"
+        blocks.append({"type": "tool_use", "id": tool_id, "name": c["name"], "input": c["input"]})
     return blocks
 
 
@@ -199,8 +215,11 @@ def run_rollout(
     tool_timeout: float = 30.0,
     kill_switch: KillSwitch | None = None,
     stop: Callable[[], str | None] | None = None,
+    on_protected: OnProtected = "zero",
 ) -> RolloutResult:
-    """One episode of ``task`` under ``policy``. Raises `KillSwitchTriggered` when ``stop``/``kill_switch`` fires."""
+    """One episode of ``task`` under ``policy``, scored by the verifier (``on_protected``: its policy).
+
+    Raises `KillSwitchTriggered` when ``stop``/``kill_switch`` fires."""
     rollout_id = check_name(rollout_id or f"{task.name}-{uuid.uuid4().hex[:8]}", "rollout id")
     stop = stop or kill_switch
     model = getattr(policy, "model_name", None) or getattr(policy, "model", "policy")
@@ -212,7 +231,8 @@ def run_rollout(
     if log:
         log.user(turns[0]["content"])  # what the model saw, so the ingested log renders the same prompt
     try:
-        with (sandbox_factory or make_sandbox)() as sb:
+        factory = sandbox_factory or make_sandbox
+        with factory() as sb:
             for path, content in task.files.items():
                 sb.put(path, content)
             for _ in range(max_turns):
@@ -241,7 +261,7 @@ def run_rollout(
                     turns.append(
                         {"role": "tool", "name": block["name"], "content": outcome.content, "tool_error": err}
                     )
-            result.reward, result.test_output = score_in_sandbox(sb, task)
+            _record_verdict(result, verify(task, sb, sandbox=factory, stop=stop, on_protected=on_protected))
     except SandboxError as e:
         result.status, result.reward, result.error = "infra_error", None, f"{type(e).__name__}: {e}"
     finally:
@@ -270,27 +290,29 @@ def run_rollouts(
     """Rollouts for every task x sample into ``out_dir`` (``sessions/*.jsonl`` + ``rollouts.jsonl``); resumable.
 
     A rollout already in ``rollouts.jsonl`` with ``status="ok"`` is skipped; infra errors are retried.
+    One process per ``out_dir``: a second one raises `_lock.DirectoryInUse` naming the holder.
     """
     from tqdm.auto import tqdm
 
     out = Path(out_dir)
-    index = out / "rollouts.jsonl"
-    done = {r["rollout_id"] for r in read_jsonl(index)} if index.exists() else set()
-    done_ok = {r["rollout_id"] for r in read_jsonl(index) if r["status"] == "ok"} if done else set()
-    jobs = [(t, i) for t in tasks for i in range(samples_per_task) if f"{t.name}-{i:03d}" not in done_ok]
-    results = []
-    with JsonlAppender(index) as appender:
-        for task, i in tqdm(jobs, desc="rollouts", disable=not progress):
-            r = run_rollout(
-                task,
-                policy_for(task),
-                rollout_id=f"{task.name}-{i:03d}",
-                log_dir=out / "sessions",
-                **rollout_kwargs,
-            )
-            appender.write(asdict(r))
-            results.append(r)
-    return results
+    with directory_lock(out, "rollout output directory"):
+        index = out / "rollouts.jsonl"
+        done = {r["rollout_id"] for r in read_jsonl(index)} if index.exists() else set()
+        done_ok = {r["rollout_id"] for r in read_jsonl(index) if r["status"] == "ok"} if done else set()
+        jobs = [(t, i) for t in tasks for i in range(samples_per_task) if f"{t.name}-{i:03d}" not in done_ok]
+        results = []
+        with JsonlAppender(index) as appender:
+            for task, i in tqdm(jobs, desc="rollouts", disable=not progress):
+                r = run_rollout(
+                    task,
+                    policy_for(task),
+                    rollout_id=f"{task.name}-{i:03d}",
+                    log_dir=out / "sessions",
+                    **rollout_kwargs,
+                )
+                appender.write(asdict(r))
+                results.append(r)
+        return results
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -328,7 +350,10 @@ def run(args: argparse.Namespace) -> int:
             sandbox_factory=lambda: make_sandbox(args.sandbox),
         )
     for r in results:
-        print(json.dumps({"rollout_id": r.rollout_id, "status": r.status, "reward": r.reward}))
+        line = {"rollout_id": r.rollout_id, "status": r.status, "reward": r.reward}
+        print(json.dumps(line | {"reward_hack": r.reward_hack}))
+    hacks = sum(r.reward_hack for r in results)
+    print(f"{len(results)} rollouts, reward_hack_attempts={hacks}", file=sys.stderr)
     return 0
 
 
@@ -342,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KillSwitchTriggered as e:
         print(f"stopped: {e.reason}", file=sys.stderr)
         return e.exit_code
-    except ValueError as e:
+    except (ValueError, PermissionError) as e:  # PermissionError: DirectoryInUse
         print(f"error: {e}", file=sys.stderr)
         return 1
 

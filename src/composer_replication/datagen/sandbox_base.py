@@ -21,6 +21,7 @@ __all__ = [
     "SandboxLimits",
     "SandboxType",
     "check_command",
+    "check_ro_binds",
     "limit_violations",
     "safe_relpath",
     "truncate_output",
@@ -142,6 +143,20 @@ def limit_violations(output: str, returncode: int) -> list[str]:
     if "No space left on device" in output:
         hits.append("workspace_limit")
     return hits
+
+
+def check_ro_binds(binds: dict[str, str] | None) -> dict[str, str]:
+    """Host directories to mount read-only in a sandbox (host -> path inside, under ``/opt/``), checked:
+    absolute existing directories, mounted under ``/opt/`` only (never over the workspace or the system)."""
+    out: dict[str, str] = {}
+    for host, inside in (binds or {}).items():
+        h, p = Path(host), Path(inside)
+        if not h.is_absolute() or not h.is_dir():
+            raise ValueError(f"read-only bind {host!r}: must be an existing absolute directory")
+        if not p.is_absolute() or p.parts[:2] != ("/", "opt") or len(p.parts) < 3 or ".." in p.parts:
+            raise ValueError(f"read-only bind target {inside!r}: must be a path under /opt/")
+        out[str(h)] = str(p)
+    return out
 
 
 def safe_relpath(path: str) -> str:

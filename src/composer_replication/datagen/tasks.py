@@ -3,13 +3,21 @@
 A task is a directory::
 
     my_task/
-      task.json        {"name", "instruction", "test_command", "timeout_s"?}
+      task.json        {"name", "instruction", "test_command", "timeout_s"?, "checks"?, "env"?}
       files/**         copied into the sandbox workspace before the agent starts
       solution/**      optional: files that make the tests pass (used by the oracle policy and task checks)
 
-`load_task` reads one, `load_tasks` a directory of them, `bundled_tasks` the small tasks shipped with the
-package (``off_by_one``, ``implement_function``, ``fix_import``). `Task.from_repo` snapshots a local
-repository's tracked files (``git ls-files``) so a real project can be a task.
+``checks`` (optional) lists the commands the verifier (`datagen.verifier`) runs and scores one by one
+(default: ``[test_command]``); ``env`` (optional) maps variable names to values the checks run with.
+A task holds at most `MAX_TASK_FILES` files and `MAX_TASK_BYTES` bytes (``files/`` and ``solution/``
+together); a bigger one raises ``ValueError`` naming the task and the limit.
+
+A task may also use the Harbor / Terminal-Bench layout (``instruction.md``, ``task.toml``,
+``environment/repo/``, ``tests/``, ``solution/``; see `datagen.harbor`), which mined tasks use.
+
+`load_task` reads one (either layout), `load_tasks` a directory of them, `bundled_tasks` the small tasks
+shipped with the package (``off_by_one``, ``implement_function``, ``fix_import``). `Task.from_repo`
+snapshots a local repository's tracked files (``git ls-files``) so a real project can be a task.
 
 Nothing outside a task's root is ever read: files are opened component by component with
 ``O_NOFOLLOW`` from the root's directory descriptor; a symlink (git-tracked ones included) is followed
@@ -33,12 +41,35 @@ from typing import Any
 
 BUNDLED_DIR = Path(__file__).parent / "tasks"
 _REQUIRED = ("name", "instruction", "test_command")
+_OPTIONAL = ("timeout_s", "checks", "env")
 _MAX_FILE_BYTES = 1_000_000
+MAX_TASK_FILES = 10_000
+MAX_TASK_BYTES = 32 * 1024 * 1024
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class TaskFileError(ValueError):
     """A task file that cannot be read safely: a symlink leaving the task root, or not a regular file."""
+
+
+class _Budget:
+    """The files and bytes a task may still hold (`MAX_TASK_FILES`, `MAX_TASK_BYTES`)."""
+
+    def __init__(self, where: str) -> None:
+        self.where, self.files, self.bytes = where, MAX_TASK_FILES, MAX_TASK_BYTES
+
+    def take(self, files: int = 0, nbytes: int = 0) -> None:
+        self.files, self.bytes = self.files - files, self.bytes - nbytes
+        if self.files < 0:
+            raise ValueError(
+                f"{self.where}: more than {MAX_TASK_FILES} files (MAX_TASK_FILES); a task must be smaller"
+            )
+        if self.bytes < 0:
+            raise ValueError(
+                f"{self.where}: more than {MAX_TASK_BYTES} bytes of files (MAX_TASK_BYTES); a task must be "
+                "smaller"
+            )
 
 
 def check_name(name: object, what: str = "task name") -> str:
@@ -74,9 +105,23 @@ class Task:
     files: dict[str, str] = field(default_factory=dict)
     solution: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 60.0
+    check_commands: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_name(self.name)
+        if not all(isinstance(c, str) and c.strip() for c in self.check_commands):
+            raise ValueError(f"task {self.name!r}: check_commands must be non-empty strings")
+        bad = [k for k, v in self.env.items() if not (_ENV_NAME.fullmatch(k) and isinstance(v, str))]
+        if bad:
+            raise ValueError(
+                f"task {self.name!r}: env names must be [A-Za-z_][A-Za-z0-9_]*, values strings: {bad}"
+            )
+
+    @property
+    def checks(self) -> list[str]:
+        """The commands that decide the task, each scored on its own (default ``[test_command]``)."""
+        return list(self.check_commands) or [self.test_command]
 
     def to_row(self) -> dict[str, Any]:
         """A dataset row for TRL (``prompt`` conversational; ``task`` names the task for the env/reward)."""
@@ -95,12 +140,14 @@ class Task:
         repo = Path(repo)
         listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z"], capture_output=True, check=True)
         files = {}
+        budget = _Budget(f"task {name!r} (repository {repo})")
         root_fd = os.open(repo, os.O_RDONLY | os.O_DIRECTORY)
         try:
             for rel in filter(None, listed.stdout.decode().split("\0")):
                 data = _read_beneath(root_fd, repo, rel, limit=_MAX_FILE_BYTES)
                 if data is None:
                     continue
+                budget.take(1, len(data))
                 try:
                     files[rel] = data.decode("utf-8")
                 except UnicodeDecodeError:
@@ -124,10 +171,13 @@ def _open_beneath(root_fd: int, rel: str) -> int:
         os.close(fd)
 
 
-def _read_beneath(root_fd: int, root: Path, rel: str, *, limit: int | None = None) -> bytes | None:
+def _read_beneath(
+    root_fd: int, root: Path, rel: str, *, limit: int | None = None, budget: _Budget | None = None
+) -> bytes | None:
     """The bytes of ``root/rel``, never reading outside ``root`` (see module docstring).
 
-    None for a symlink to a directory inside the root, or a file over ``limit`` bytes.
+    None for a symlink to a directory inside the root, or a file over ``limit`` bytes; a file that
+    would take ``budget`` past its bytes raises ``ValueError`` before it is read.
     """
     try:
         fd = _open_beneath(root_fd, rel)
@@ -152,10 +202,12 @@ def _read_beneath(root_fd: int, root: Path, rel: str, *, limit: int | None = Non
             raise TaskFileError(f"{root / rel}: not a regular file (a FIFO, socket or device); remove it")
         if limit is not None and st.st_size > limit:
             return None
+        if budget is not None:
+            budget.take(0, st.st_size)
         return f.read()
 
 
-def _read_tree(task_root: Path, sub: str) -> dict[str, str]:
+def _read_tree(task_root: Path, sub: str, budget: _Budget) -> dict[str, str]:
     """Every file under ``task_root/sub`` (keys relative to it), read by `_read_beneath`."""
     root_fd = os.open(task_root, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -185,10 +237,11 @@ def _read_tree(task_root: Path, sub: str) -> dict[str, str]:
                         pending.append(rel)
                     else:
                         rels.append(rel)
+                        budget.take(1)
             os.close(dir_fd)
         out = {}
         for rel in sorted(rels):
-            data = _read_beneath(root_fd, task_root, rel)
+            data = _read_beneath(root_fd, task_root, rel, budget=budget)
             if data is None:
                 raise TaskFileError(
                     f"{task_root / rel}: a symlinked directory; use a real directory in a task"
@@ -206,8 +259,13 @@ def load_task(path: str | Path) -> Task:
     """Load a task directory (see module docstring). Raises ``ValueError`` naming the file and field."""
     path = Path(path)
     meta_path = path / "task.json"
+    if not os.path.lexists(meta_path) and os.path.lexists(path / "task.toml"):
+        return _load_harbor(path)
     if not os.path.lexists(meta_path):
-        raise FileNotFoundError(f"{meta_path}: no task.json (a task directory needs task.json and files/)")
+        raise FileNotFoundError(
+            f"{meta_path}: no task.json (a task directory needs task.json and files/, or the Harbor "
+            "layout: task.toml, instruction.md and environment/repo/)"
+        )
     root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         raw = _read_beneath(root_fd, path, "task.json") or b""
@@ -222,23 +280,71 @@ def load_task(path: str | Path) -> Task:
     missing = [k for k in _REQUIRED if not isinstance(meta.get(k), str) or not meta[k].strip()]
     if missing:
         raise ValueError(f"{meta_path}: missing or empty field(s) {missing}; each must be a non-empty string")
-    unknown = set(meta) - {*_REQUIRED, "timeout_s"}
+    unknown = set(meta) - {*_REQUIRED, *_OPTIONAL}
     if unknown:
         raise ValueError(
-            f"{meta_path}: unknown field(s) {sorted(unknown)}; allowed: {[*_REQUIRED, 'timeout_s']}"
+            f"{meta_path}: unknown field(s) {sorted(unknown)}; allowed: {[*_REQUIRED, *_OPTIONAL]}"
         )
     try:
         check_name(meta["name"])
     except ValueError as e:
         raise ValueError(f"{meta_path}: field 'name': {e}") from None
-    return Task(
-        name=meta["name"],
-        instruction=meta["instruction"],
-        test_command=meta["test_command"],
-        files=_read_tree(path, "files"),
-        solution=_read_tree(path, "solution"),
-        timeout_s=float(meta.get("timeout_s", 60.0)),
-    )
+    checks, env = meta.get("checks", []), meta.get("env", {})
+    if not isinstance(checks, list) or not all(isinstance(c, str) and c.strip() for c in checks):
+        raise ValueError(f"{meta_path}: field 'checks' must be a list of non-empty command strings")
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ValueError(f"{meta_path}: field 'env' must be an object of name -> string value")
+    budget = _Budget(f"task {meta['name']!r} ({path})")
+    files, solution = _read_tree(path, "files", budget), _read_tree(path, "solution", budget)
+    try:
+        return Task(
+            name=meta["name"],
+            instruction=meta["instruction"],
+            test_command=meta["test_command"],
+            files=files,
+            solution=solution,
+            timeout_s=float(meta.get("timeout_s", 60.0)),
+            check_commands=checks,
+            env=env,
+        )
+    except ValueError as e:
+        raise ValueError(f"{meta_path}: {e}") from None
+
+
+def _load_harbor(path: Path) -> Task:
+    from composer_replication.datagen import harbor
+
+    root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        raw = _read_beneath(root_fd, path, "task.toml") or b""
+        if not os.path.lexists(path / "instruction.md"):
+            raise FileNotFoundError(f"{path / 'instruction.md'}: missing (a Harbor task needs its instruction)")
+        text = _read_beneath(root_fd, path, "instruction.md") or b""
+    finally:
+        os.close(root_fd)
+    meta = harbor.parse_task_toml(raw, str(path / "task.toml"), path.name)
+    try:
+        check_name(meta["name"])
+    except ValueError as e:
+        raise ValueError(f"{path / 'task.toml'}: [metadata] name: {e}") from None
+    try:
+        instruction = text.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path / 'instruction.md'}: not UTF-8 text") from None
+    if not instruction.strip():
+        raise ValueError(f"{path / 'instruction.md'}: empty; write the task's instruction there")
+    budget = _Budget(f"task {meta['name']!r} ({path})")
+    files = _read_tree(path, harbor.REPO_DIR, budget)
+    files.update(_read_tree(path, harbor.TEST_FILES_DIR, budget))
+    solution = _read_tree(path, harbor.SOLUTION_DIR, budget)
+    try:
+        return Task(
+            name=meta["name"], instruction=instruction, test_command=harbor.joined_command(meta["checks"]),
+            files=files, solution=solution, timeout_s=meta["timeout_s"], check_commands=meta["checks"],
+            env=meta["env"],
+        )  # fmt: skip
+    except ValueError as e:
+        raise ValueError(f"{path / 'task.toml'}: {e}") from None
 
 
 def load_tasks(root: str | Path) -> list[Task]:
@@ -247,13 +353,13 @@ def load_tasks(root: str | Path) -> list[Task]:
     root_real = os.path.realpath(root)
     tasks = []
     for d in sorted(root.iterdir()):
-        if not os.path.lexists(d / "task.json"):
+        if not os.path.lexists(d / "task.json") and not os.path.lexists(d / "task.toml"):
             continue
         if d.is_symlink() and os.path.commonpath([os.path.realpath(d), root_real]) != root_real:
             raise TaskFileError(f"{d}: a symlink to {os.path.realpath(d)!r}, outside the tasks root {root}")
         tasks.append(load_task(d))
     if not tasks:
-        raise FileNotFoundError(f"{root}: no task directories (each needs a task.json)")
+        raise FileNotFoundError(f"{root}: no task directories (each needs a task.json or a task.toml)")
     return tasks
 
 

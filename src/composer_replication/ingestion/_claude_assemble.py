@@ -222,11 +222,12 @@ def _record(
         k = e["k"]
         if k == "r":
             seg.append(_tool_event(e, calls, stats))
+            seg[-1].ts = it.get("ts", "")
         elif k == "c":
             stats.n_context += 1
             seg.append(Event("context", text=e["t"], context_kind=e["c"]))
         else:
-            seg.append(Event("user", text=e["t"]))
+            seg.append(Event("user", text=e["t"], ts=it.get("ts", "")))
     return 1
 
 

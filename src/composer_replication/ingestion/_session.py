@@ -144,6 +144,7 @@ class Event:
     error_meta: dict[str, Any] | None = None
     context_kind: str = ""  # context: where it came from ("meta", "attachment:<type>", "developer", ...)
     agent_id: str = ""  # tool: the subagent a Task/Agent call started (toolUseResult.agentId)
+    ts: str = ""  # user and tool events: the record's timestamp where the format gives one (ISO-8601)
 
 
 @dataclass

@@ -205,7 +205,7 @@ class CodexIngester(SessionIngester):
             elif t == "u":
                 current = None
                 if it["tx"].strip():
-                    seg.append(Event("user", text=it["tx"]))
+                    seg.append(Event("user", text=it["tx"], ts=it.get("ts", "")))
             elif t == "c":
                 stats.n_context += 1
                 if it["c"] != "developer":

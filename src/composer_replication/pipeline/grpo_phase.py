@@ -78,6 +78,7 @@ def train_grpo_on_tasks(
     zero = [r["frac_reward_zero_std"] for r in history if r.get("frac_reward_zero_std") is not None]
     summary = {"steps": int(final.get("step", 0) or trainer.state.global_step), "tasks": len(chosen),
                "pairs": len(pairs), "rollouts_scored": stats.scored, "infra_errors": stats.infra_errors,
+               "reward_hack_attempts": stats.reward_hack_attempts,
                "first_reward": rewards[0] if rewards else None, "last_reward": rewards[-1] if rewards else None,
                "mean_reward": sum(rewards) / len(rewards) if rewards else None,
                "mean_frac_reward_zero_std": sum(zero) / len(zero) if zero else None}  # fmt: skip
@@ -121,5 +122,6 @@ def sandbox_pass_rate(
         "sandbox_tasks": len(chosen),
         "sandbox_scored": len(scored),
         "sandbox_infra_errors": sum(r["status"] != "ok" for r in latest.values()),
+        "sandbox_reward_hack_attempts": sum(bool(r.get("reward_hack")) for r in scored),
         "sandbox_pass_rate": sum(r["reward"] for r in scored) / len(scored) if scored else None,
     }

@@ -257,13 +257,15 @@ class ComposerReplicationTrainer(GRPOTrainer):
         return out
 
     def _log_reward_parts(self, n: int) -> None:
-        """Means of the parts of a shaped reward (``last_parts``) as ``reward_parts/<part>`` metrics."""
+        """A shaped reward's ``last_parts`` means as ``reward_parts/<part>``, ``last_hack_attempts`` too."""
         mode = "train" if self.model.training else "eval"
         for f in self.reward_funcs:
             parts = getattr(f, "last_parts", None)
             scored = [p for p in parts or [] if p] if isinstance(parts, list) and len(parts) == n else []
             for key in scored[0] if scored else ():
                 self._metrics[mode][f"reward_parts/{key}"].append(sum(p[key] for p in scored) / len(scored))
+            if scored and isinstance(hacks := getattr(f, "last_hack_attempts", None), int):
+                self._metrics[mode]["reward_hack_attempts"].append(float(hacks))
 
     @torch.no_grad()
     def _apply_k1_in_reward(self, out: dict[str, Any]) -> None:

@@ -1,0 +1,302 @@
+"""The one verifier: does an agent's work solve a task? Used by rollouts, the GRPO rewards and evaluation.
+
+`verify(task, agent_sandbox)` reads what the agent changed in its workspace (`workspace.read_changes`)
+and calls `verify_changes(task, changes)`, which builds a **fresh** sandbox from the task's original
+files, applies only the changes to paths the task does not protect (`protected.split_changes`), and
+runs each of the task's checks (`Task.checks`) separately, as SWE-bench applies the test patch after
+the model's patch. The answer is a `Verdict`: one `CheckResult` per check, ``tests_fraction``,
+``protected_touched``, ``hacked``, and ``infra_error`` (an infrastructure failure is never a score: its
+``tests_score`` is None, for the caller to count apart).
+
+What is covered:
+- **Test files and settings come from the task**: tests (``test_*.py``, ``*_test.py``, ``tests/``),
+  ``conftest.py`` at any depth, ``pytest.ini`` / ``tox.ini`` / pytest sections of ``pyproject.toml``
+  and ``setup.cfg``, ``sitecustomize.py`` / ``usercustomize.py`` / ``*.pth``, modules shadowing the test
+  runner, and every file a check names (the Makefile when a check runs ``make``). An edit, a deletion
+  or a symlink in their place is recorded in ``protected_touched`` and never applied.
+- **No compiled or cached state from the agent**: ``__pycache__``, ``*.pyc``, ``.pytest_cache``,
+  ``.mypy_cache`` are never carried (a ``.pyc`` planted for a test also counts as touched).
+- **No environment from the agent**: the checks run under ``env -i`` with a fixed ``PATH`` read from
+  the fresh sandbox (nothing under the workspace or ``/tmp``), ``HOME`` outside the agent's files,
+  ``PYTHONNOUSERSITE=1``, ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, plus the task's own ``env``; bash
+  starts with ``--noprofile --norc``. Nothing the agent left in ``/tmp`` or its shell exists there.
+- **Pytest outcomes from the verifier's own plugin** (`verify_plugin`, loaded under a random name):
+  a test passes only when its setup, call and teardown raised nothing; a skip, an expected failure, a
+  collection error or a test never reached (``os._exit``, ``pytest.exit``) is not a pass, and a pytest
+  check that leaves no complete report fails. A check that runs no pytest is judged by its exit code
+  and its ``N passed, M failed`` summary (`passed_fraction`).
+- **Policy** (``on_protected``): ``"zero"`` (default) scores the test part 0 when a protected path
+  was touched; ``"restore"`` scores the checks as run with the task's files put back. Either way the
+  attempt is in ``protected_touched`` (``reward_hack_attempts`` in the rewards' and rollouts' metrics).
+
+What is not covered:
+- Code the agent wrote runs inside the test process (the tests import it): written *to target this
+  verifier* (patching pytest's internals or the plugin's report, or exiting early from a check that
+  is not pytest), it can still forge a pass. Plain-script checks (``python3 test_x.py``) trust their
+  exit code; prefer pytest checks for tasks a policy trains on.
+- Weak tests: an object whose ``__eq__`` always returns True passes ``assert f(x) == y``; tests should
+  compare types or use ``is``.
+- Test settings of other ecosystems (``package.json`` scripts, ``Cargo.toml``) are protected only when
+  a check names the file. File modes are not carried (every file is written 0644).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from composer_replication.datagen.protected import split_changes
+from composer_replication.datagen.sandbox import Sandbox, SandboxError, SandboxType, make_sandbox
+from composer_replication.datagen.tasks import Task
+from composer_replication.datagen.workspace import Changes, read_changes
+from composer_replication.safety.kill_switch import KillSwitchTriggered
+
+__all__ = [
+    "CheckResult",
+    "OnProtected",
+    "Verdict",
+    "passed_fraction",
+    "solution_changes",
+    "verify",
+    "verify_changes",
+]
+
+OnProtected = Literal["zero", "restore"]
+SandboxSpec = SandboxType | Callable[[], Sandbox] | None
+_TAIL = 4000
+_PLUGIN = Path(__file__).with_name("verify_plugin.py")
+
+
+@dataclass
+class CheckResult:
+    """One check command: ``passed`` (every test it ran passed, exit 0), ``fraction`` of its tests
+    passing, the last 4000 characters of its output, and per-test outcomes for pytest checks."""
+
+    command: str
+    passed: bool
+    fraction: float
+    output_tail: str
+    timed_out: bool = False
+    returncode: int = 0
+    tests: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Verdict:
+    """What `verify` / `verify_changes` found (module docstring)."""
+
+    task: str
+    checks: list[CheckResult] = field(default_factory=list)
+    protected_touched: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    infra_error: str | None = None
+    on_protected: OnProtected = "zero"
+
+    @property
+    def hacked(self) -> bool:
+        """The agent created, changed or deleted a protected path (a reward-hack attempt)."""
+        return bool(self.protected_touched)
+
+    @property
+    def tests_fraction(self) -> float | None:
+        """Mean of the checks' fractions as run (protected paths restored); None on an infra failure."""
+        if self.infra_error is not None or not self.checks:
+            return None
+        return sum(c.fraction for c in self.checks) / len(self.checks)
+
+    @property
+    def tests_score(self) -> float | None:
+        """The test part of a reward: `tests_fraction`, or 0.0 when ``hacked`` under ``"zero"``."""
+        frac = self.tests_fraction
+        return 0.0 if frac is not None and self.hacked and self.on_protected == "zero" else frac
+
+    @property
+    def solved(self) -> bool:
+        """Every check passed (and, under ``"zero"``, no protected path was touched)."""
+        zeroed = self.hacked and self.on_protected == "zero"
+        return self.tests_fraction is not None and all(c.passed for c in self.checks) and not zeroed
+
+    @property
+    def output(self) -> str:
+        """The checks' output tails, one block per check."""
+        return "\n".join(f"$ {c.command}\n{c.output_tail}" for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        keys = ("hacked", "tests_fraction", "tests_score", "solved")
+        return {**asdict(self), **{k: getattr(self, k) for k in keys}}
+
+
+def passed_fraction(output: str, ok: bool) -> float:
+    """Passed / (passed + failed + errors) from the last pytest-style summary line; else 1.0 / 0.0 by
+    the exit status. ``N passed, M failed`` from another test script is read the same way."""
+    import re
+
+    for line in reversed(output.strip().splitlines()):
+        counts = {k.rstrip("s"): int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?)\b", line)}
+        if counts:
+            passed = counts.get("passed", 0)
+            total = passed + counts.get("failed", 0) + counts.get("error", 0)
+            return passed / total if total else float(ok)
+    return 1.0 if ok else 0.0
+
+
+def solution_changes(task: Task) -> Changes:
+    """The task's bundled solution as `verify_changes` input (what the oracle policy writes)."""
+    return {path: text.encode() for path, text in task.solution.items()}
+
+
+def _factory(sandbox: SandboxSpec) -> Callable[[], Sandbox]:
+    if sandbox is None or isinstance(sandbox, str):
+        return lambda: make_sandbox(sandbox)
+    return sandbox
+
+
+def _runs_pytest(command: str) -> bool:
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    return any(Path(w).name in ("pytest", "py.test") for w in words)
+
+
+def _judge(command: str, r: Any, report: bytes | None) -> CheckResult:
+    """A check's result from its exit and, when pytest ran, the plugin's report."""
+    base = {"command": command, "output_tail": r.output[-_TAIL:], "timed_out": r.timed_out}
+    base["returncode"] = r.returncode
+    records = []
+    for line in (report or b"").decode("utf-8", "replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    starts = [x for x in records if x.get("event") == "start"]
+    if not starts:  # no pytest session reported: a pytest check failed to run (or was cut short)
+        if _runs_pytest(command):
+            return CheckResult(passed=False, fraction=0.0, **base)
+        return CheckResult(passed=r.ok, fraction=passed_fraction(r.output, r.ok), **base)
+    ids: list[str] = []
+    errors: set[str] = set()
+    tests: dict[str, str] = {}
+    for rec in records:
+        if rec.get("event") in ("items", "finish"):
+            ids += [i for i in rec.get("ids", []) if isinstance(i, str)]
+            errors.update(e for e in rec.get("errors", []) if isinstance(e, str))
+        elif rec.get("event") == "test" and isinstance(rec.get("id"), str):
+            if tests.get(rec["id"], "passed") == "passed":  # a test run twice keeps its worst outcome
+                tests[rec["id"]] = str(rec.get("outcome"))
+    for i in ids:
+        tests.setdefault(i, "not run")
+    tests.update({f"<collection error: {e}>": "error" for e in errors})
+    finished = sum(x.get("event") == "finish" for x in records) == len(starts)
+    n_passed = sum(o == "passed" for o in tests.values())
+    passed = r.ok and finished and bool(tests) and n_passed == len(tests)
+    return CheckResult(passed=passed, fraction=n_passed / len(tests) if tests else 0.0, tests=tests, **base)
+
+
+def _clean_path(sb: Sandbox) -> str:
+    """The fresh sandbox's own PATH, without anything the agent could write or a relative entry."""
+    r = sb.exec('echo "$PATH"', timeout=30)
+    keep = []
+    for d in r.output.strip().split(":"):
+        p = Path(d)
+        writable = any(p == Path(w) or Path(w) in p.parents for w in (sb.workdir, "/tmp", "/var/tmp"))
+        if p.is_absolute() and ".." not in p.parts and not writable and d not in keep:
+            keep.append(d)
+    return ":".join(keep) or "/usr/local/bin:/usr/bin:/bin"
+
+
+def _check_command(check: str, env: Mapping[str, str]) -> str:
+    assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+    return f"exec env -i {assigns} bash --noprofile --norc -c {shlex.quote(check)}"
+
+
+def _run_checks(task: Task, sb: Sandbox, stop: Callable[[], str | None] | None) -> list[CheckResult]:
+    nonce = uuid.uuid4().hex[:16]
+    home, plugin = f".cr-verify-{nonce}", f"cr_verify_{nonce}"
+    sb.put(f"{home}/{plugin}.py", _PLUGIN.read_bytes())
+    wd = sb.workdir.rstrip("/")
+    env = {"PATH": _clean_path(sb), "HOME": f"{wd}/{home}", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+    env |= {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env |= task.env
+    env["PYTHONPATH"] = ":".join(filter(None, [f"{wd}/{home}", task.env.get("PYTHONPATH")]))
+    env["PYTEST_ADDOPTS"] = " ".join(filter(None, [f"-p {plugin}", task.env.get("PYTEST_ADDOPTS")]))
+    results = []
+    for i, check in enumerate(task.checks):
+        if stop is not None and (reason := stop()) is not None:
+            raise KillSwitchTriggered(reason)
+        report = f"{home}/report-{i}.jsonl"
+        r = sb.exec(_check_command(check, env | {"CR_VERIFY_REPORT": f"{wd}/{report}"}), task.timeout_s)
+        try:
+            data: bytes | None = sb.get(report)
+        except (OSError, ValueError):
+            data = None
+        results.append(_judge(check, r, data))
+    return results
+
+
+def _apply(task: Task, sb: Sandbox, kept: Changes) -> list[str]:
+    """Put the task's files with ``kept`` laid over them into the empty ``sb``; returns the kept paths
+    that collide with a task file (a file where the task keeps a directory, or the reverse)."""
+    final: dict[str, bytes | str] = {p: c for p, c in task.files.items() if p not in kept}
+    added = {p: d for p, d in kept.items() if d is not None}
+    clash = [
+        p for p in added
+        if any(q.startswith(p + "/") or p.startswith(q + "/") for q in final)
+    ]  # fmt: skip
+    final |= {p: d for p, d in added.items() if p not in clash}
+    for path, content in final.items():
+        sb.put(path, content)
+    return clash
+
+
+def verify_changes(
+    task: Task,
+    changes: Changes,
+    *,
+    sandbox: SandboxSpec = None,
+    stop: Callable[[], str | None] | None = None,
+    on_protected: OnProtected = "zero",
+) -> Verdict:
+    """Run ``task``'s checks on its original files plus ``changes`` to unprotected paths (module docstring).
+
+    ``changes`` maps a task-relative path to new bytes, or None for a deletion. ``sandbox``: a sandbox
+    type (``"bwrap"``, ``"docker"``), a zero-argument factory, or None for `make_sandbox`'s default.
+    ``stop`` is polled before each check (a reason raises `KillSwitchTriggered`). An infrastructure
+    failure comes back as ``Verdict.infra_error``, never raised.
+    """
+    if on_protected not in ("zero", "restore"):
+        raise ValueError(f"on_protected must be 'zero' or 'restore', not {on_protected!r}")
+    split = split_changes(task, changes)
+    verdict = Verdict(task.name, [], split.touched, split.dropped, None, on_protected)
+    try:
+        with _factory(sandbox)() as sb:
+            verdict.dropped += _apply(task, sb, split.kept)
+            verdict.checks = _run_checks(task, sb, stop)
+    except SandboxError as e:
+        verdict.infra_error = f"{type(e).__name__}: {e}"
+    return verdict
+
+
+def verify(
+    task: Task,
+    agent_sandbox: Sandbox,
+    *,
+    sandbox: SandboxSpec = None,
+    stop: Callable[[], str | None] | None = None,
+    on_protected: OnProtected = "zero",
+) -> Verdict:
+    """Verify the work the agent left in ``agent_sandbox`` (`read_changes`, then `verify_changes`)."""
+    try:
+        changes, dropped = read_changes(task, agent_sandbox)
+    except SandboxError as e:
+        return Verdict(task.name, infra_error=f"{type(e).__name__}: {e}", on_protected=on_protected)
+    verdict = verify_changes(task, changes, sandbox=sandbox, stop=stop, on_protected=on_protected)
+    verdict.dropped = sorted(set(verdict.dropped) | set(dropped))
+    return verdict

@@ -1,0 +1,242 @@
+"""``eval``: score a policy on a task set with the project's verifier; write ``DIR/eval.json``.
+
+A *policy* acts on one task in a sandbox that holds the task's starting files (`Policy.act`); then the
+verifier (`datagen.verifier.verify`) reads what changed in that sandbox and runs the task's checks on a
+fresh copy of the task's files plus the non-protected changes. A model policy plugs in the same way (it
+runs its agent loop over ``sandbox`` and returns its turns and tokens). Built in:
+
+- ``reference``: writes the task's reference solution (and deletes what it deletes) — must solve every
+  validated task;
+- ``noop``: changes nothing — must solve no task whose checks include a FAIL_TO_PASS one.
+
+Per policy: ``pass@1`` (the mean, over tasks, of the share of samples that solved the task), ``pass@K``
+(unbiased estimator over ``samples``), the share of checks passing, turns and tokens, and one row per
+task. An infrastructure failure (the sandbox could not start or broke) is counted apart and left out of
+every rate, never scored 0. A task folder that cannot be loaded is named with its reason and counted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from composer_replication._io import atomic_write_json
+from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
+from composer_replication.datagen.tasks import Task, load_task
+from composer_replication.tasks import environment as envmod
+
+EVAL_FILE = "eval.json"
+
+
+@dataclass
+class Action:
+    """What a policy reports about one attempt (a model policy fills turns and tokens)."""
+
+    turns: int = 0
+    tokens: int = 0
+
+
+class Policy(Protocol):
+    name: str
+
+    def act(self, task: Task, sandbox: Sandbox) -> Action: ...
+
+
+@dataclass
+class ReferencePolicy:
+    """Writes the reference solution; ``deleted`` names the files each task's reference deletes."""
+
+    deleted: dict[str, list[str]] = field(default_factory=dict)
+    name: str = "reference"
+
+    def act(self, task: Task, sandbox: Sandbox) -> Action:
+        for path, text in task.solution.items():
+            sandbox.put(path, text)
+        gone = self.deleted.get(task.name, [])
+        if gone:
+            import shlex
+
+            sandbox.exec("rm -f -- " + " ".join(shlex.quote(p) for p in gone), timeout=60)
+        return Action()
+
+
+@dataclass
+class NoopPolicy:
+    """Changes nothing."""
+
+    name: str = "noop"
+
+    def act(self, task: Task, sandbox: Sandbox) -> Action:
+        return Action()
+
+
+def load_task_dir(root: str | Path, say: Callable[[str], None]) -> tuple[list[Task], dict[str, Any]]:
+    """Every loadable task under ``root`` and ``{"malformed": [...], "deleted": {task: [paths]}}``; each
+    folder that cannot be loaded gets one line naming it and the reason."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such tasks directory (make one with `tasks mine --out {root}`)")
+    tasks: list[Task] = []
+    extra: dict[str, Any] = {"malformed": [], "deleted": {}, "environment": {}}
+    for d in sorted(root.iterdir()):
+        if d.name.startswith(".") or not d.is_dir():
+            continue
+        if not (os.path.lexists(d / "task.json") or os.path.lexists(d / "task.toml")):
+            continue
+        try:
+            task = load_task(d)
+        except (ValueError, OSError) as e:
+            extra["malformed"].append({"task": d.name, "reason": str(e)})
+            say(f"task {d.name}: skipped: {e}")
+            continue
+        tasks.append(task)
+        data = _toml(d)
+        gone = _table(data, "solution").get("deleted", [])
+        extra["deleted"][task.name] = (
+            [p for p in gone if isinstance(p, str)] if isinstance(gone, list) else []
+        )
+        extra["environment"][task.name] = _table(data, "environment")
+    return tasks, extra
+
+
+def _toml(d: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads((d / "task.toml").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}  # the task.json layout
+
+
+def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
+    t = data.get(key)
+    return t if isinstance(t, dict) else {}
+
+
+def _sandbox_for(recipe: dict[str, Any], sandbox: Any, cache: Any) -> Any:
+    """The sandbox spec for a task whose checks need a prepared environment (prepared here if missing)."""
+    env = envmod.from_recipe(recipe)
+    envmod.prepare(env, cache or envmod.default_cache())
+    if env.error:
+        raise SandboxError(env.error)
+    return envmod.sandbox_spec(env, sandbox)
+
+
+def run_task(task: Task, policy: Policy, *, sandbox: Any = None) -> dict[str, Any]:
+    """One attempt: the policy acts in a fresh sandbox holding ``task.files``, then the verifier scores it."""
+    from composer_replication.datagen.verifier import verify
+
+    t0 = time.monotonic()
+    factory = sandbox if callable(sandbox) else (lambda: make_sandbox(sandbox))
+    try:
+        with factory() as sb:
+            for path, text in task.files.items():
+                sb.put(path, text)
+            action = policy.act(task, sb)
+            verdict = verify(task, sb, sandbox=sandbox)
+    except SandboxError as e:
+        return {"infra_error": f"SandboxError: {e}", "seconds": round(time.monotonic() - t0, 2)}
+    row: dict[str, Any] = {
+        "seconds": round(time.monotonic() - t0, 2),
+        "turns": action.turns,
+        "tokens": action.tokens,
+    }
+    if verdict.infra_error is not None:
+        return {**row, "infra_error": verdict.infra_error}
+    return {
+        **row,
+        "solved": verdict.solved,
+        "checks_passed": sum(c.passed for c in verdict.checks),
+        "checks": len(verdict.checks),
+        "tests_fraction": verdict.tests_fraction,
+        "protected_touched": verdict.protected_touched,
+    }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples with ``c`` correct (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def evaluate(
+    tasks_dir: str | Path,
+    policies: list[Policy],
+    out_dir: str | Path,
+    *,
+    samples: int = 1,
+    sandbox: Any = None,
+    env_cache: Any = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Score each policy on every task of ``tasks_dir`` (module docstring); writes ``out_dir/eval.json``."""
+    if samples < 1:
+        raise ValueError(f"samples={samples}: must be at least 1")
+    tasks, extra = load_task_dir(tasks_dir, log)
+    if not tasks:
+        raise FileNotFoundError(
+            f"{tasks_dir}: no loadable task folders ({len(extra['malformed'])} malformed)"
+        )
+    result: dict[str, Any] = {"tasks_dir": str(tasks_dir), "n_tasks": len(tasks), "samples": samples,
+                              "malformed": extra["malformed"], "policies": []}  # fmt: skip
+    for policy in policies:
+        if isinstance(policy, ReferencePolicy) and not policy.deleted:
+            policy.deleted = extra["deleted"]
+        rows = []
+        for task in tasks:
+            try:
+                spec = _sandbox_for(extra["environment"].get(task.name, {}), sandbox, env_cache)
+            except SandboxError as e:
+                attempts = [{"infra_error": f"environment: {e}", "seconds": 0.0}] * samples
+            else:
+                attempts = [run_task(task, policy, sandbox=spec) for _ in range(samples)]
+            rows.append(_row(task.name, attempts, samples))
+            r = rows[-1]
+            state = "infra error" if r["scored"] == 0 else f"{r['solved']}/{r['scored']} solved"
+            log(f"{policy.name}: {task.name}: {state}, checks {r['checks_share']}")
+        result["policies"].append({"name": policy.name, **_summary(rows, samples), "rows": rows})
+    atomic_write_json(Path(out_dir) / EVAL_FILE, result)
+    return result
+
+
+def _row(name: str, attempts: list[dict[str, Any]], k: int) -> dict[str, Any]:
+    scored = [a for a in attempts if "infra_error" not in a]
+    c = sum(bool(a["solved"]) for a in scored)
+    checks = sum(a["checks"] for a in scored)
+    return {
+        "task": name,
+        "scored": len(scored),
+        "infra_errors": [a["infra_error"] for a in attempts if "infra_error" in a],
+        "solved": c,
+        "pass@1": c / len(scored) if scored else None,
+        f"pass@{k}": pass_at_k(len(scored), c, k) if len(scored) >= k else None,
+        "checks_share": round(sum(a["checks_passed"] for a in scored) / checks, 4) if checks else None,
+        "turns": sum(a.get("turns", 0) for a in scored),
+        "tokens": sum(a.get("tokens", 0) for a in scored),
+        "protected_touched": sorted({p for a in scored for p in a["protected_touched"]}),
+        "seconds": round(sum(a["seconds"] for a in attempts), 2),
+    }
+
+
+def _summary(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
+    scored = [r for r in rows if r["scored"]]
+
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in scored if r[key] is not None]
+        return round(sum(vals) / len(vals), 4) if vals else None
+
+    return {
+        "tasks_scored": len(scored),
+        "infra_failures": sum(len(r["infra_errors"]) for r in rows),
+        "tasks_without_score": [r["task"] for r in rows if not r["scored"]],
+        "pass@1": mean("pass@1"),
+        f"pass@{k}": mean(f"pass@{k}"),
+        "checks_share": mean("checks_share"),
+        "tokens": sum(r["tokens"] for r in rows),
+        "turns": sum(r["turns"] for r in rows),
+    }
