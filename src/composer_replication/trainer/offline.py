@@ -84,17 +84,10 @@ def train_offline(
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
 
-def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, float]:
-    from composer_replication._io import JsonlAppender, atomic_write_json
-    from composer_replication.trainer import distributed
-
-    cfg = config if isinstance(config, TrainConfig) else build_config(config)
-    halt = any_stop(stop, kill_switch)  # one Stop (a KillSwitch, a plain callable, or both)
-    engine = distributed.setup(cfg, device)  # one process, or one rank of torchrun / --nproc N
-    out = Path(out_dir)
+def _prepare_out(out: Path, resume: bool, engine: Any) -> tuple[Path | None, Path]:
+    """The checkpoint to resume from (None: a fresh run) and this rank's on-policy sample cache."""
     out.mkdir(parents=True, exist_ok=True)
-    ckpt_dir = out / "checkpoints"
-    latest = ckpt.latest_checkpoint(ckpt_dir) if resume else None
+    latest = ckpt.latest_checkpoint(out / "checkpoints") if resume else None
     if resume and latest is None and engine.is_main:
         (out / "metrics.jsonl").unlink(missing_ok=True)  # nothing to resume from: start clean
     if not resume and (out / "metrics.jsonl").exists():
@@ -103,75 +96,67 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
     if latest is None:  # samples cached by an earlier run without a checkpoint may be from other weights
         samples.unlink(missing_ok=True)
     engine.barrier()  # every rank checked before rank 0 writes
-    dev = engine.device
-    seed_everything(cfg.seed, cfg.deterministic)
-    model, tok = load_model(*engine.load_args(cfg))
-    model = engine.prepare(model)
-    model.train()
+    return latest, samples
 
-    traces = od.load_rows(cfg.data.traces)
-    pairs = od.load_rows(cfg.data.pairs)
-    # held out by episode (example_id): the bundled sessions are few but have many episodes each
-    train_traces, eval_traces = od.split(
-        traces, lambda r: str(r.get("example_id") or r.get("trace_id")), cfg.data.eval_fraction
-    )
-    pid = lambda r: pair_tokens.pair_fields(r)[0]  # noqa: E731
-    train_pairs, eval_pairs = od.split(pairs, pid, cfg.data.eval_fraction)
-    collator = (
-        od.make_collator(
-            tok,
-            cfg.data.max_seq_len,
-            cfg.data.max_dpo_seq_len,
-            cfg.loss.sdpo.weight > 0,
-            cfg.data.whole_responses,
+
+class _Data:
+    """The run's rows, split by episode (traces) and pair id into train and held-out, and the collator."""
+
+    def __init__(self, cfg: TrainConfig, tok: Any) -> None:
+        traces, self.pairs = od.load_rows(cfg.data.traces), od.load_rows(cfg.data.pairs)
+        # held out by episode (example_id): the bundled sessions are few but have many episodes each
+        self.train_traces, self.eval_traces = od.split(
+            traces, lambda r: str(r.get("example_id") or r.get("trace_id")), cfg.data.eval_fraction
         )
-        if traces
-        else None
+        pid = lambda r: pair_tokens.pair_fields(r)[0]  # noqa: E731
+        self.train_pairs, self.eval_pairs = od.split(self.pairs, pid, cfg.data.eval_fraction)
+        d = cfg.data
+        self.collator = (
+            od.make_collator(
+                tok, d.max_seq_len, d.max_dpo_seq_len, cfg.loss.sdpo.weight > 0, d.whole_responses
+            )
+            if traces
+            else None
+        )
+
+    def evaluate(self, model: Any, tok: Any, cfg: TrainConfig, ref: Any) -> dict[str, float]:
+        return evaluate(model, tok, cfg, self.eval_traces, self.eval_pairs, ref, self.collator)
+
+
+def _save(
+    engine: Any, stepper: OfflineStepper, model: Any, cfg: TrainConfig, ckpt_dir: Path, at: int
+) -> Path:
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    state = {**stepper.state_dict(), "step": at, "rng": ckpt.rng_state(), "model_dtype": dtype}
+    return engine.save(
+        ckpt_dir, at, state, model=model, optimizer=stepper.opt, keep_last=cfg.checkpoint.keep_last
     )
-    stepper = OfflineStepper(
-        cfg,
-        model,
-        tok,
-        dev,
-        train_traces=train_traces,
-        train_pairs=train_pairs,
-        ref_pairs=pairs,
-        collator=collator,
-        sample_cache=samples,
-        engine=engine,
-    )
 
-    main = engine.is_main  # rank 0 writes every file but the checkpoints' shards
-    if latest is not None:
-        engine.load(latest, stepper)
-        if main:
-            _truncate_metrics(out / "metrics.jsonl", stepper.step_count)
-    else:
-        initial = evaluate(engine.unsharded(model), tok, cfg, eval_traces, eval_pairs, stepper.ref, collator)
-        if main:
-            atomic_write_json(out / "initial_metrics.json", initial)
 
-    def save(at: int) -> Path:
-        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        state = {**stepper.state_dict(), "step": at, "rng": ckpt.rng_state(), "model_dtype": dtype}
-        keep = cfg.checkpoint.keep_last
-        return engine.save(ckpt_dir, at, state, model=model, optimizer=stepper.opt, keep_last=keep)
+def _steps(
+    cfg: TrainConfig, stepper: OfflineStepper, engine: Any, halt: Any, out: Path, save: Callable[[int], Path]
+) -> int:
+    """Run optimizer steps to ``max_steps``, logging and checkpointing; the step reached.
 
+    One consult of the stop per optimizer step: polled before the first; after each step (logged and
+    checkpointed), observe (feed its metrics, then poll) decides whether the next one runs.
+    """
+    from composer_replication._io import JsonlAppender
+    from composer_replication.trainer import distributed
     from composer_replication.trainer.trackers import open_trackers
 
+    main = engine.is_main  # rank 0 writes every file but the checkpoints' shards
     trackers = open_trackers(cfg.logging.report_to, out, cfg.model_dump(mode="json")) if main else []
     metrics_log = JsonlAppender(out / "metrics.jsonl") if main else distributed.NullLog()
+    step, max_steps = stepper.step_count, cfg.schedule.max_steps
     bar = None
-    step = stepper.step_count
     if cfg.logging.progress and main:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=cfg.schedule.max_steps, initial=step, desc="train", unit="step")
-    # One consult of the stop per optimizer step: polled before the first; after each step (logged and
-    # checkpointed), observe (feed its metrics, then poll) decides whether the next one runs.
-    reason = halt() if step < cfg.schedule.max_steps else None
+        bar = tqdm(total=max_steps, initial=step, desc="train", unit="step")
+    reason = halt() if step < max_steps else None
     try:
-        while step < cfg.schedule.max_steps:
+        while step < max_steps:
             reason = engine.agree(reason)  # every rank stops at the same step
             if reason is not None:
                 save(step)
@@ -180,7 +165,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
                 raise KillSwitchTriggered(reason)
             metrics = stepper.step()
             step = stepper.step_count
-            if step % cfg.logging.log_every == 0 or step == cfg.schedule.max_steps:
+            if step % cfg.logging.log_every == 0 or step == max_steps:
                 row = {"step": step, **metrics}
                 metrics_log.write(row)
                 for tracker in trackers:
@@ -197,9 +182,44 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
         metrics_log.close()
         for tracker in trackers:
             tracker.close()
+    return step
+
+
+def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, float]:
+    from composer_replication._io import atomic_write_json
+    from composer_replication.trainer import distributed
+
+    cfg = config if isinstance(config, TrainConfig) else build_config(config)
+    halt = any_stop(stop, kill_switch)  # one Stop (a KillSwitch, a plain callable, or both)
+    engine = distributed.setup(cfg, device)  # one process, or one rank of torchrun / --nproc N
+    out, main = Path(out_dir), engine.is_main
+    ckpt_dir = out / "checkpoints"
+    latest, samples = _prepare_out(out, resume, engine)
+    seed_everything(cfg.seed, cfg.deterministic)
+    model, tok = load_model(*engine.load_args(cfg))
+    model = engine.prepare(model)
+    model.train()
+    data = _Data(cfg, tok)
+    stepper = OfflineStepper(
+        cfg, model, tok, engine.device, train_traces=data.train_traces, train_pairs=data.train_pairs,
+        ref_pairs=data.pairs, collator=data.collator, sample_cache=samples, engine=engine,
+    )  # fmt: skip
+    if latest is not None:
+        engine.load(latest, stepper)
+        if main:
+            _truncate_metrics(out / "metrics.jsonl", stepper.step_count)
+    else:
+        initial = data.evaluate(engine.unsharded(model), tok, cfg, stepper.ref)
+        if main:
+            atomic_write_json(out / "initial_metrics.json", initial)
+
+    def save(at: int) -> Path:
+        return _save(engine, stepper, model, cfg, ckpt_dir, at)
+
+    step = _steps(cfg, stepper, engine, halt, out, save)
     if ckpt.latest_checkpoint(ckpt_dir) is None or not (ckpt_dir / f"step-{step:08d}").exists():
         save(step)
-    final = evaluate(engine.unsharded(model), tok, cfg, eval_traces, eval_pairs, stepper.ref, collator)
+    final = data.evaluate(engine.unsharded(model), tok, cfg, stepper.ref)
     final.update(step=step)
     if main:
         atomic_write_json(out / "final_metrics.json", final)

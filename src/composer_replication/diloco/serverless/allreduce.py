@@ -36,11 +36,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
-from composer_replication.diloco.serverless import digest, tensorfile
+from composer_replication.diloco.serverless import tensorfile
 from composer_replication.diloco.serverless.mean import fixed_order_mean, upload_weight
+from composer_replication.diloco.serverless.objects import (
+    fetch_upload,
+    get_tensors,
+    put_tensors,
+    read_object,
+)
 from composer_replication.diloco.serverless.store import ObjectStore
 from composer_replication.diloco.serverless.stream_mean import fusable, stream_mean
 
@@ -56,7 +61,6 @@ __all__ = [
 ]
 
 MANIFEST = "MANIFEST.json"
-_READ_CHUNK = 4 << 20  # bytes per read: hashed while still in cache
 _WORKERS = 4
 
 
@@ -80,106 +84,6 @@ class AllReduceResult:
 
 def round_prefix(run_id: str, round_index: int) -> str:
     return f"{run_id}/round/{round_index:06d}"
-
-
-def read_object(store: ObjectStore, key: str) -> tuple[Any, dict[str, str], str]:
-    """``(content, metadata, "<algorithm>:<hex>")`` of ``key``, hashed while it streams into one buffer.
-
-    The content is a writable buffer (an uninitialised numpy array: no pass to zero it first).
-    """
-    opener = getattr(store, "open_read", None)
-    if opener is None:  # a store with only the basic protocol
-        data, meta = store.get(key)
-        algorithm = digest.expected(meta)[0]
-        return bytearray(data), meta, f"{algorithm}:{digest.new(algorithm, data).hexdigest()}"
-    stream, size, meta = opener(key)
-    algorithm = digest.expected(meta)[0]
-    buf, h, pos = np.empty(size, dtype=np.uint8), digest.new(algorithm), 0
-    view = buf.data
-    with stream:
-        while pos < size:
-            n = stream.readinto(view[pos : min(pos + _READ_CHUNK, size)])
-            if not n:  # the transfer, not the upload, is at fault: fail like any broken download
-                raise OSError(f"{key}: the read ended after {pos} of {size} bytes on {store.describe()}")
-            h.update(view[pos : pos + n])
-            pos += n
-        stream.readinto(bytearray(1))  # at the end: lets the client check and reuse the connection
-    return buf, meta, f"{algorithm}:{h.hexdigest()}"
-
-
-def _validate(
-    data: Any,
-    meta: Mapping[str, str],
-    sha: str,
-    like: Mapping[str, torch.Tensor],
-    expect_sha: str | None = None,
-) -> tuple[dict[str, torch.Tensor] | None, str]:
-    """Check one upload; ``(tensors, "")`` if good (views on ``data``), ``(None, reason)`` if not."""
-    algorithm, declared = digest.expected(meta)
-    if f"{algorithm}:{declared}" != sha:
-        return (
-            None,
-            f"{algorithm} mismatch (metadata {meta.get(algorithm)!r}, content {sha.partition(':')[2]})",
-        )
-    if expect_sha is not None and sha != expect_sha:
-        return None, f"content digest {sha} differs from the manifest's {expect_sha}"
-    try:
-        tensors = tensorfile.decode(data)
-    except ValueError as exc:  # a malformed file is a rejected upload, not a crash
-        return None, f"not a safetensors file: {exc}"
-    if sorted(tensors) != sorted(like):
-        return None, f"tensor names differ: {sorted(set(tensors) ^ set(like))[:5]}"
-    for name, t in tensors.items():
-        ref = like[name]
-        if t.shape != ref.shape or t.dtype != ref.dtype:
-            return None, f"{name}: {tuple(t.shape)}/{t.dtype}, expected {tuple(ref.shape)}/{ref.dtype}"
-        if not tensorfile.finite(t):
-            return None, f"{name}: non-finite values"
-    return tensors, ""
-
-
-def _fetch(
-    store: ObjectStore, key: str, like: Mapping[str, torch.Tensor], expect_sha: str | None = None
-) -> tuple[dict[str, torch.Tensor] | None, str, dict[str, str]]:
-    data, meta, sha = read_object(store, key)
-    parsed, why = _validate(data, meta, sha, like, expect_sha)
-    return parsed, why, {**meta, "digest": sha}
-
-
-def put_tensors(
-    store: ObjectStore,
-    key: str,
-    tensors: Mapping[str, torch.Tensor],
-    metadata: Mapping[str, str] | None = None,
-) -> tuple[bool, str]:
-    """Create ``key`` as the safetensors file of ``tensors`` (no copy on a streaming store), its digest
-    in the metadata: ``(created, "<algorithm>:<hex>")``."""
-    parts = tensorfile.encode(tensors)
-    h = digest.new(digest.WRITE)
-    for part in parts:
-        h.update(part)
-    meta = {**(metadata or {}), digest.WRITE: h.hexdigest()}
-    put_parts = getattr(store, "put_parts_if_absent", None)
-    if put_parts is not None:
-        created = put_parts(key, parts, metadata=meta)
-    else:
-        created = store.put_if_absent(key, b"".join(parts), metadata=meta)
-    return created, f"{digest.WRITE}:{meta[digest.WRITE]}"
-
-
-def get_tensors(store: ObjectStore, key: str) -> dict[str, torch.Tensor]:
-    """The tensors of ``key`` (written by :func:`put_tensors`); ``ValueError`` if its digest or
-    structure is wrong, ``KeyError`` if it does not exist."""
-    data, meta, found = read_object(store, key)
-    algorithm, declared = digest.expected(meta)
-    if found != f"{algorithm}:{declared}":
-        raise ValueError(
-            f"{key} on {store.describe()}: {algorithm} mismatch (metadata {declared!r}, content {found})"
-        )
-    try:
-        return tensorfile.decode(data)
-    except ValueError as exc:
-        raise ValueError(f"{key} on {store.describe()}: not a safetensors file: {exc}") from None
 
 
 def _upload(
@@ -214,53 +118,159 @@ def _propose(store: ObjectStore, prefix: str, proposal: dict[str, Any]) -> dict[
     return manifest
 
 
-def _fast_round(
-    store: ObjectStore,
-    prefix: str,
-    like: Mapping[str, torch.Tensor],
-    own: Future,
-    *,
-    rank: int,
-    world_size: int,
-    weight: float,
-    round_index: int,
-) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None]:
-    """The last replica to arrive: stream the others' uploads and average them on the way in.
+class _Round:
+    """One replica's view of one round: the uploads it has judged, and the steps that move it on.
 
-    Returns ``(mean, manifest)``; ``mean`` is None when the general path must take over (someone
-    missing, an upload it must judge, or a manifest listing something else).
+    ``valid`` maps a rank to ``(tensors, digest, weight)``; ``rejected`` a rank to the reason. The
+    steps, in the order :func:`object_store_allreduce` runs them: :meth:`start_upload`, then either
+    :meth:`fast_path` (the last replica to arrive) or :meth:`collect` until :meth:`decide` returns a
+    manifest, then :meth:`contributions` and :meth:`mean` of exactly what it lists.
     """
-    keys = {
-        r: key
-        for key in store.list(f"{prefix}/delta/")
-        if (r := _rank_of(key)) != rank and 0 <= r < world_size
-    }
-    if len(keys) != world_size - 1:
-        return None, None
-    streamed = stream_mean(store, keys, like, rank=rank, weight=weight)
-    created, sha, finite = own.result()
-    if streamed.mean is None or not (created and finite):
-        return None, None
-    ranks = sorted([rank, *keys])
-    digests = {**streamed.digests, rank: sha}
-    manifest = _propose(
-        store,
-        prefix,
-        {
-            "round": round_index,
+
+    def __init__(
+        self, store: ObjectStore, pool: ThreadPoolExecutor, like: dict[str, torch.Tensor], *,
+        run_id: str, round_index: int, rank: int, world_size: int, weight: float,
+    ) -> None:  # fmt: skip
+        self.store, self.pool, self.like = store, pool, like
+        self.run_id, self.round_index = run_id, round_index
+        self.rank, self.world_size, self.weight = rank, world_size, weight
+        self.prefix = round_prefix(run_id, round_index)
+        self.valid: dict[int, tuple[dict[str, torch.Tensor], str, float]] = {}
+        self.rejected: dict[int, str] = {}
+        self.own: Future | None = None  # this replica's upload while it is in flight
+
+    def key(self, rank: int) -> str:
+        return f"{self.prefix}/delta/{rank:05d}.safetensors"
+
+    def start_upload(self) -> None:
+        """Upload this replica's tensors in the background; the downloads run meanwhile."""
+        self.own = self.pool.submit(
+            _upload, self.store, self.key(self.rank), self.like, self.rank, self.weight
+        )
+
+    def manifest(self) -> dict[str, Any] | None:
+        return _read_manifest(self.store, self.prefix)
+
+    def proposal(
+        self, ranks: list[int], digests: Mapping[int, str], weights: Mapping[int, float]
+    ) -> dict[str, Any]:
+        return {
+            "round": self.round_index,
             "participants": ranks,
             "digests": {str(r): digests[r] for r in ranks},
-            "weights": {str(r): streamed.weights[r] for r in ranks},
-            "rejected": {},
-            "writer": rank,
-        },
-    )
-    same = manifest["participants"] == ranks and all(
-        manifest["digests"][str(r)] == digests[r]
-        and float(manifest["weights"][str(r)]) == streamed.weights[r]
-        for r in ranks
-    )
-    return (streamed.mean if same else None), manifest
+            "weights": {str(r): weights[r] for r in ranks},
+            "rejected": {str(r): why for r, why in sorted(self.rejected.items())},
+            "writer": self.rank,
+        }
+
+    def fast_path(self) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None]:
+        """The last replica to arrive: stream the others' uploads and average them on the way in.
+
+        Returns ``(mean, manifest)``; ``mean`` is None when the general path must take over (someone
+        missing, an upload it must judge, or a manifest listing something else).
+        """
+        if self.own is None or self.world_size == 1 or not fusable(self.like):
+            return None, None
+        keys = {
+            r: key
+            for key in self.store.list(f"{self.prefix}/delta/")
+            if (r := _rank_of(key)) != self.rank and 0 <= r < self.world_size
+        }
+        if len(keys) != self.world_size - 1:
+            return None, None
+        streamed = stream_mean(self.store, keys, self.like, rank=self.rank, weight=self.weight)
+        created, sha, finite = self.own.result()
+        if streamed.mean is None or not (created and finite):
+            return None, None
+        ranks = sorted([self.rank, *keys])
+        digests = {**streamed.digests, self.rank: sha}
+        manifest = _propose(self.store, self.prefix, self.proposal(ranks, digests, streamed.weights))
+        same = manifest["participants"] == ranks and all(
+            manifest["digests"][str(r)] == digests[r]
+            and float(manifest["weights"][str(r)]) == streamed.weights[r]
+            for r in ranks
+        )
+        return (streamed.mean if same else None), manifest
+
+    def collect(self) -> None:
+        """One pass: judge every upload not judged yet (all of them before deciding anything)."""
+        fetches: dict[int, Future] = {}
+        for key in self.store.list(f"{self.prefix}/delta/"):
+            r = _rank_of(key)
+            known = r in self.valid or r in self.rejected
+            if known or not 0 <= r < self.world_size or (r == self.rank and self.own is not None):
+                continue  # known, out of range, or our own upload still in flight
+            fetches[r] = self.pool.submit(fetch_upload, self.store, key, self.like)
+        self.settle_own()
+        for r, fut in fetches.items():
+            parsed, why, meta = fut.result()
+            if parsed is None:
+                self.rejected[r] = why
+            elif (w := upload_weight(meta)) is None:
+                self.rejected[r] = f"weight {meta.get('weight')!r} is not a finite positive number"
+            else:
+                self.valid[r] = (parsed, meta["digest"], w)
+
+    def settle_own(self) -> None:
+        """Wait for this replica's upload; a good one counts without downloading it again."""
+        if self.own is None:
+            return
+        created, sha, finite = self.own.result()
+        self.own = None
+        if created and finite:  # a retry that lost re-reads what won, like anyone else's
+            self.valid[self.rank] = (self.like, sha, float(self.weight))
+
+    def decide(self, elapsed: float, *, deadline_s: float, min_participants: int) -> dict[str, Any] | None:
+        """Propose a manifest once everyone is in, or after the deadline with enough; None: not yet."""
+        if len(self.valid) < self.world_size and (elapsed < deadline_s or len(self.valid) < min_participants):
+            return None
+        ranks = sorted(self.valid)
+        digests = {r: v[1] for r, v in self.valid.items()}
+        weights = {r: v[2] for r, v in self.valid.items()}
+        return _propose(self.store, self.prefix, self.proposal(ranks, digests, weights))
+
+    def timed_out(self, timeout_s: float, min_participants: int) -> AllReduceError:
+        return AllReduceError(
+            f"round {self.round_index} of {self.run_id!r}: no manifest after {timeout_s:.0f}s; "
+            f"{len(self.valid)} valid uploads (need {min_participants}), rejected {self.rejected} "
+            f"on {self.store.describe()}"
+        )
+
+    def contributions(self, manifest: Mapping[str, Any]) -> dict[int, dict[str, torch.Tensor]]:
+        """The manifest's uploads: ours as judged, the rest (unseen or judged otherwise) fetched again."""
+        out: dict[int, dict[str, torch.Tensor]] = {}
+        refetch: dict[int, Future] = {}
+        for r in manifest["participants"]:
+            want = manifest["digests"][str(r)]
+            if r in self.valid and self.valid[r][1] == want:
+                out[r] = self.valid[r][0]
+            else:
+                refetch[r] = self.pool.submit(fetch_upload, self.store, self.key(r), self.like, want)
+        for r, fut in refetch.items():
+            parsed, why, _ = fut.result()
+            if parsed is None:
+                raise AllReduceError(
+                    f"round {self.round_index}: manifest entry for rank {r} is unusable: {why}"
+                )
+            out[r] = parsed
+        return out
+
+
+def _await_manifest(
+    rnd: _Round, clock: Callable[[], float], start: float, *,
+    deadline_s: float, timeout_s: float, min_participants: int, poll_interval_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Judge uploads until a manifest exists (ours or another replica's)."""
+    while (manifest := rnd.manifest()) is None:
+        rnd.collect()
+        elapsed = clock() - start
+        manifest = rnd.decide(elapsed, deadline_s=deadline_s, min_participants=min_participants)
+        if manifest is not None:
+            return manifest
+        if elapsed >= timeout_s:
+            raise rnd.timed_out(timeout_s, min_participants)
+        time.sleep(poll_interval_s)
+    return manifest
 
 
 def object_store_allreduce(
@@ -301,93 +311,26 @@ def object_store_allreduce(
     if not 1 <= min_participants <= world_size:
         raise ValueError(f"min_participants={min_participants} must be in [1, world_size={world_size}]")
     start = clock()
-    prefix = round_prefix(run_id, round_index)
     like = {k: t.detach().cpu() for k, t in tensors.items()}
-    valid: dict[int, tuple[dict[str, torch.Tensor], str, float]] = {}
-    rejected: dict[int, str] = {}
-    mean: dict[str, torch.Tensor] | None = None
     with ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="allreduce") as pool:
-        # our upload and the downloads of the others' run at the same time
-        own: Future | None = None
+        rnd = _Round(store, pool, like, run_id=run_id, round_index=round_index, rank=rank,
+                     world_size=world_size, weight=weight)  # fmt: skip
         if upload:
-            own = pool.submit(_upload, store, f"{prefix}/delta/{rank:05d}.safetensors", like, rank, weight)
-        manifest = _read_manifest(store, prefix)
-        if manifest is None and own is not None and world_size > 1 and fusable(like):
-            mean, manifest = _fast_round(
-                store,
-                prefix,
-                like,
-                own,
-                rank=rank,
-                world_size=world_size,
-                weight=weight,
-                round_index=round_index,
-            )
-        while manifest is None and (manifest := _read_manifest(store, prefix)) is None:
-            fetches: dict[int, Future] = {}
-            for key in store.list(f"{prefix}/delta/"):
-                r = _rank_of(key)
-                if r in valid or r in rejected or not 0 <= r < world_size or (r == rank and own is not None):
-                    continue  # known, out of range, or our own upload still in flight
-                fetches[r] = pool.submit(_fetch, store, key, like)
-            if own is not None:
-                created, sha, finite = own.result()
-                own = None
-                if created and finite:  # no need to download it again (a retry re-reads what won)
-                    valid[rank] = (like, sha, float(weight))
-            for r, fut in fetches.items():  # every upload seen is judged before deciding, as one pass
-                parsed, why, meta = fut.result()
-                if parsed is None:
-                    rejected[r] = why
-                elif (w := upload_weight(meta)) is None:
-                    rejected[r] = f"weight {meta.get('weight')!r} is not a finite positive number"
-                else:
-                    valid[r] = (parsed, meta["digest"], w)
-            now = clock() - start
-            if len(valid) == world_size or (now >= deadline_s and len(valid) >= min_participants):
-                ranks = sorted(valid)
-                manifest = _propose(
-                    store,
-                    prefix,
-                    {
-                        "round": round_index,
-                        "participants": ranks,
-                        "digests": {str(r): valid[r][1] for r in ranks},
-                        "weights": {str(r): valid[r][2] for r in ranks},
-                        "rejected": {str(r): why for r, why in sorted(rejected.items())},
-                        "writer": rank,
-                    },
-                )
-                break
-            if now >= timeout_s:
-                raise AllReduceError(
-                    f"round {round_index} of {run_id!r}: no manifest after {timeout_s:.0f}s; "
-                    f"{len(valid)} valid uploads (need {min_participants}), rejected {rejected} "
-                    f"on {store.describe()}"
-                )
-            time.sleep(poll_interval_s)
-        if own is not None:
-            own.result()  # a manifest already existed; our upload still ends (and is excluded)
-
-        contributions: dict[int, dict[str, torch.Tensor]] = {}
-        refetch: dict[int, Future] = {}
-        for r in manifest["participants"] if mean is None else []:
-            want = manifest["digests"][str(r)]
-            if r in valid and valid[r][1] == want:
-                contributions[r] = valid[r][0]
-            else:  # we had not seen (or had rejected) what the manifest's writer accepted: fetch it again
-                key = f"{prefix}/delta/{r:05d}.safetensors"
-                refetch[r] = pool.submit(_fetch, store, key, like, want)
-        for r, fut in refetch.items():
-            parsed, why, _ = fut.result()
-            if parsed is None:
-                raise AllReduceError(f"round {round_index}: manifest entry for rank {r} is unusable: {why}")
-            contributions[r] = parsed
+            rnd.start_upload()
+        mean, manifest = None, rnd.manifest()
+        if manifest is None:
+            mean, manifest = rnd.fast_path()
+        if manifest is None:
+            manifest = _await_manifest(rnd, clock, start, deadline_s=deadline_s, timeout_s=timeout_s,
+                                       min_participants=min_participants, poll_interval_s=poll_interval_s)  # fmt: skip
+        if rnd.own is not None:
+            rnd.own.result()  # a manifest already existed; our upload still ends (and is excluded)
+        contributions = rnd.contributions(manifest) if mean is None else {}
     streamed = mean is not None
     if mean is None:
         weights = {r: float(manifest["weights"][str(r)]) for r in manifest["participants"]}
         mean = fixed_order_mean(contributions, weights)
-    rejected.update({int(r): why for r, why in manifest.get("rejected", {}).items()})
+    rejected = {**rnd.rejected, **{int(r): why for r, why in manifest.get("rejected", {}).items()}}
     return AllReduceResult(
         tensors=mean,
         participants=list(manifest["participants"]),

@@ -112,6 +112,95 @@ def _segments(sizes: list[int], lo: int, hi: int) -> list[tuple[int, int, int]]:
     return out
 
 
+@dataclass
+class _Layout:
+    """This replica's tensors as the uploads must hold them: header bytes, flat views, element offsets."""
+
+    header: bytes
+    names: list[str]
+    own: list[torch.Tensor]
+    sizes: list[int]
+    starts: list[int]
+
+    @classmethod
+    def of(cls, like: Mapping[str, torch.Tensor]) -> _Layout:
+        names = [n for n, t in tensorfile.layout(like) if t.numel()]
+        own = [like[n].detach().cpu().contiguous().reshape(-1) for n in names]
+        sizes = [t.numel() for t in own]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return cls(bytes(tensorfile.encode(like)[0]), names, own, sizes, starts)
+
+    @property
+    def itemsize(self) -> int:
+        return self.own[0].element_size()
+
+    @property
+    def data_len(self) -> int:
+        return sum(self.sizes) * self.itemsize
+
+
+def _open(opener: Any, key: str, lay: _Layout, stop: threading.Event) -> tuple[_Reader, str, float] | None:
+    """Open one upload: ``(reader, declared digest, weight)``, or None when its size, header or weight is
+    not what this replica's own upload would have (the general path judges it)."""
+    stream, size, meta = opener(key)
+    head = bytearray(len(lay.header))
+    got = _read_exact(stream, memoryview(head))
+    if size != len(lay.header) + lay.data_len or got < len(lay.header) or bytes(head) != lay.header:
+        stream.close()
+        return None
+    algorithm, declared = digest.expected(meta)
+    if (w := upload_weight(meta)) is None:
+        stream.close()
+        return None
+    return _Reader(stream, digest.new(algorithm, head), lay.data_len, stop), f"{algorithm}:{declared}", w
+
+
+def _window_slices(
+    lay: _Layout, lo: int, hi: int, windows: Mapping[int, torch.Tensor], outs: list[torch.Tensor],
+    rank: int, ranks: list[int],
+) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:  # fmt: skip
+    """The window ``[lo, hi)`` cut into (output slice, sources in rank order): independent pieces."""
+    slices = []
+    for i, a, b in _segments(lay.sizes, lo, hi):
+        off = lay.starts[i] - lo  # tensor i's element 0, in window coordinates
+        srcs = {r: win[off + a : off + b] for r, win in windows.items()}
+        srcs[rank] = lay.own[i][a:b]
+        for c in range(0, b - a, SLICE):
+            d = min(c + SLICE, b - a)
+            slices.append((outs[i][a + c : a + d], [srcs[r][c:d] for r in ranks]))
+    return slices
+
+
+def _average_windows(
+    lay: _Layout, readers: Mapping[int, _Reader], weights: Mapping[int, float], rank: int,
+    helper: ThreadPoolExecutor,
+) -> list[torch.Tensor] | None:  # fmt: skip
+    """Take every reader's windows in lockstep and average them (two threads); None if a transfer was
+    cut short or failed, or a value is not finite."""
+    ranks = sorted([rank, *readers])
+    means = [SliceMean([weights[r] for r in ranks]) for _ in range(2)]  # one per thread
+    dtype, itemsize = lay.own[0].dtype, lay.itemsize
+    outs = [torch.empty(n, dtype=dtype) for n in lay.sizes]
+    n_elements, per_window = sum(lay.sizes), WINDOW // itemsize
+    for lo in range(0, n_elements, per_window):
+        windows: dict[int, torch.Tensor] = {}
+        bufs: dict[int, Any] = {}
+        for r, reader in readers.items():
+            buf, n = reader.full.get()
+            if not isinstance(buf, np.ndarray):  # cut short or failed
+                return None
+            bufs[r] = buf
+            windows[r] = torch.frombuffer(buf, dtype=dtype, count=n // itemsize)
+        slices = _window_slices(lay, lo, min(lo + per_window, n_elements), windows, outs, rank, ranks)
+        other = helper.submit(_average, means[1], slices[1::2])
+        finite = _average(means[0], slices[0::2])
+        if not (other.result() and finite):
+            return None  # a NaN or inf somewhere in this window
+        for r, reader in readers.items():
+            reader.free.put(bufs[r])  # the window is consumed: the reader may refill it
+    return outs
+
+
 def stream_mean(
     store: Any,
     keys: Mapping[int, str],
@@ -130,71 +219,27 @@ def stream_mean(
     opener = getattr(store, "open_read", None)
     if opener is None:
         return StreamedMean(None)
-    parts = tensorfile.encode(like)
-    header = bytes(parts[0])
-    names = [n for n, t in tensorfile.layout(like) if t.numel()]
-    own = [like[n].detach().cpu().contiguous().reshape(-1) for n in names]
-    sizes = [t.numel() for t in own]
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    dtype = own[0].dtype
-    itemsize = own[0].element_size()
-    data_len = sum(sizes) * itemsize
+    lay = _Layout.of(like)
     result = StreamedMean(None, weights={rank: float(weight)})
-    n_elements = sum(sizes)
     stop = threading.Event()
     readers: dict[int, _Reader] = {}
     helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="allreduce-mean")
     try:
         for r in sorted(keys):
-            stream, size, meta = opener(keys[r])
-            head = bytearray(len(header))
-            got = _read_exact(stream, memoryview(head))
-            if size != len(header) + data_len or got < len(header) or bytes(head) != header:
-                stream.close()
+            opened = _open(opener, keys[r], lay, stop)
+            if opened is None:
                 return result
-            algorithm, declared = digest.expected(meta)
-            hasher = digest.new(algorithm, head)
-            if (w := upload_weight(meta)) is None:
-                stream.close()
-                return result
-            result.weights[r] = w
-            result.digests[r] = f"{algorithm}:{declared}"
-            readers[r] = _Reader(stream, hasher, data_len, stop)
+            readers[r], result.digests[r], result.weights[r] = opened
         for reader in readers.values():
             reader.start()
-        ranks = sorted([rank, *readers])
-        means = [SliceMean([result.weights[r] for r in ranks]) for _ in range(2)]  # one per thread
-        outs = [torch.empty(n, dtype=dtype) for n in sizes]
-        per_window = WINDOW // itemsize
-        for lo in range(0, n_elements, per_window):
-            hi = min(lo + per_window, n_elements)
-            windows: dict[int, torch.Tensor] = {}
-            bufs: dict[int, Any] = {}
-            for r, reader in readers.items():
-                buf, n = reader.full.get()
-                if not isinstance(buf, np.ndarray):  # cut short or failed
-                    return result
-                bufs[r] = buf
-                windows[r] = torch.frombuffer(buf, dtype=dtype, count=n // itemsize)
-            slices = []  # (output, sources in rank order): independent, so two threads share them
-            for i, a, b in _segments(sizes, lo, hi):
-                off = starts[i] - lo  # tensor i's element 0, in window coordinates
-                srcs = {r: win[off + a : off + b] for r, win in windows.items()}
-                srcs[rank] = own[i][a:b]
-                for c in range(0, b - a, SLICE):
-                    d = min(c + SLICE, b - a)
-                    slices.append((outs[i][a + c : a + d], [srcs[r][c:d] for r in ranks]))
-            other = helper.submit(_average, means[1], slices[1::2])
-            finite = _average(means[0], slices[0::2])
-            if not (other.result() and finite):
-                return result  # a NaN or inf somewhere in this window
-            for r, reader in readers.items():
-                reader.free.put(bufs[r])  # the window is consumed: the reader may refill it
+        outs = _average_windows(lay, readers, result.weights, rank, helper)
+        if outs is None:
+            return result
         for r, reader in readers.items():
             reader.join()
             if result.digests[r].partition(":")[2] != reader.hash.hexdigest():
                 return result
-        mean = {n: o.view(like[n].shape) for n, o in zip(names, outs)}
+        mean = {n: o.view(like[n].shape) for n, o in zip(lay.names, outs)}
         mean.update({n: torch.empty(t.shape, dtype=t.dtype) for n, t in like.items() if not t.numel()})
         result.mean = mean
         return result
