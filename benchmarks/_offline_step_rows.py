@@ -105,11 +105,13 @@ def time_steps(model: Any, batch: dict, variant: str, repeats: int, device: Any,
     from composer_replication.trainer.distributed import Engine
 
     engine = engine or Engine(torch.device(device))
+    from composer_replication.loss import ComposedLoss
+
     if variant == "sft":
         batch = {k: batch[k] for k in SFT_KEYS}
-        kw = {"alpha_sdpo": 0.0, "beta_replay": 0.0}
+        loss_fn = ComposedLoss.from_config({"sdpo": {"weight": 0.0}, "preference": {"weight": 0.0}})
     else:
-        kw = {"alpha_sdpo": 1.0, "beta_replay": 1.0}
+        loss_fn = ComposedLoss.from_config({"sdpo": {"weight": 1.0}, "preference": {"weight": 1.0}})
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -118,7 +120,7 @@ def time_steps(model: Any, batch: dict, variant: str, repeats: int, device: Any,
         _sync(device)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        comps = engine.loss(model, batch, kw)
+        comps = engine.loss(model, batch, loss_fn)
         comps.total.backward()
         opt.step()
         _sync(device)

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from composer_replication.config.loss import DPO_BETA, JSD_BETA, RPO_ALPHA, SIMPO_BETA, SIMPO_GAMMA
 from composer_replication.kernels.chunked import default_chunk_rows
 from composer_replication.kernels.fused_linear import LMHead
 from composer_replication.kernels.hf import LogitsMode, hidden_states, resolve_logits_mode
@@ -235,7 +236,7 @@ def sdpo_channel(
     teacher_attention_mask: torch.Tensor | None = None,
     student_logits: torch.Tensor | None = None,
     wrapper: Literal["none", "taid", "entropy_opd"] = "none",
-    jsd_beta: float = 0.5,
+    jsd_beta: float = JSD_BETA,
     temperature: float = 1.0,
     token_clip: float | None = None,
     top_k: int | None = None,
@@ -307,14 +308,14 @@ def preference_channel(
     variant: Literal["dpo", "simpo"] = "dpo",
     ref_chosen_logps: torch.Tensor | None = None,
     ref_rejected_logps: torch.Tensor | None = None,
-    beta: float = 0.1,
-    simpo_beta: float = 2.0,
-    simpo_gamma: float = 1.0,
+    beta: float = DPO_BETA,
+    simpo_beta: float = SIMPO_BETA,
+    simpo_gamma: float = SIMPO_GAMMA,
     label_smoothing: float = 0.0,
     chosen_attention_mask: torch.Tensor | None = None,
     rejected_attention_mask: torch.Tensor | None = None,
     logits_mode: LogitsMode | None = None,
-    rpo_alpha: float = 0.0,
+    rpo_alpha: float = RPO_ALPHA,
 ) -> ChannelResult:
     """DPO (summed log-ratios against ``ref_*_logps``) or SimPO (mean log-probs, no reference); mean per pair;
     plus ``rpo_alpha`` times the chosen responses' token-mean NLL (RPO, ``losses.preference.chosen_nll``).

@@ -56,7 +56,9 @@ def _jsd64(s, t, beta=0.5):
 def test_total_is_weighted_sum_of_channels_that_match_references(tiny_model, batch):
     alpha, beta_r, dpo_beta = 0.3, 0.7, 0.2
     tiny_model.double()  # a random tiny model's JSD is ~1e-5: compare in float64, not float32 rounding
-    out = compose_loss(tiny_model, batch, alpha_sdpo=alpha, beta_replay=beta_r, replay_dpo_beta=dpo_beta)
+    out = compose_loss(
+        tiny_model, batch, alpha_sdpo=alpha, beta_replay=beta_r, replay_dpo_beta=dpo_beta, replay_rpo_alpha=0.0
+    )
     assert isinstance(out, LossComponents)
     torch.testing.assert_close(out.total, out.lm_ce + alpha * out.sdpo_jsd + beta_r * out.trace_replay_dpo)
     assert set(out.detached()) == {"lm_ce", "sdpo_jsd", "trace_replay_dpo", "total"}
@@ -96,7 +98,7 @@ def test_total_is_weighted_sum_of_channels_that_match_references(tiny_model, bat
 
 
 def test_simpo_variant_ignores_reference_logprobs(tiny_model, batch):
-    kw = {"dpo_variant": "simpo", "simpo_beta": 2.5, "simpo_gamma": 0.4}
+    kw = {"dpo_variant": "simpo", "simpo_beta": 2.5, "simpo_gamma": 0.4, "replay_rpo_alpha": 0.0}
     a = compose_loss(tiny_model, batch, **kw).trace_replay_dpo
     no_ref = {k: v for k, v in batch.items() if "ref_logprobs" not in k}
     b = compose_loss(tiny_model, no_ref, **kw).trace_replay_dpo
@@ -118,7 +120,7 @@ def test_rpo_adds_the_chosen_token_mean_nll_as_trl_does(tiny_model, batch, varia
     chosen response token of the batch (one token mean, not a mean of per-pair means)."""
     tiny_model.double()
     kw = {"dpo_variant": variant, "beta_replay": 1.0, "alpha_sdpo": 0.0}
-    plain = compose_loss(tiny_model, batch, **kw)
+    plain = compose_loss(tiny_model, batch, **kw, replay_rpo_alpha=0.0)
     rpo = compose_loss(tiny_model, batch, **kw, replay_rpo_alpha=0.7)
     with torch.no_grad():
         ids, mask = batch["dpo_chosen_input_ids"], batch["dpo_chosen_response_mask"]
@@ -248,7 +250,7 @@ def test_build_batch_ref_model_and_contents(tiny_model, tiny_tokenizer):
             expect = sequence_logprobs(tiny_model, b[f"dpo_{side}_input_ids"], b[f"dpo_{side}_response_mask"])
         torch.testing.assert_close(b[f"dpo_{side}_ref_logprobs"], expect, rtol=1e-5, atol=1e-4)
     # against its own reference, DPO starts at log 2 exactly
-    out = compose_loss(tiny_model, b, alpha_sdpo=0.0)
+    out = compose_loss(tiny_model, b, alpha_sdpo=0.0, replay_rpo_alpha=0.0)  # plain DPO
     torch.testing.assert_close(out.trace_replay_dpo, torch.tensor(0.6931472), rtol=1e-4, atol=0)
     zeros = build_batch(tiny_tokenizer, variant="factorial")
     assert torch.all(zeros["dpo_chosen_ref_logprobs"] == 0)

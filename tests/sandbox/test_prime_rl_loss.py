@@ -97,6 +97,7 @@ def test_dpo_matches_preference_channel(tiny_tokenizer):
         ref_chosen_logps=ref_c,
         ref_rejected_logps=ref_r,
         beta=0.1,
+        rpo_alpha=0.0,  # plain DPO, as prime-rl's dpo_loss
     )
     ref.loss.backward()
     ref_grads = _grads(policy)

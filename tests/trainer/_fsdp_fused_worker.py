@@ -39,7 +39,10 @@ def main(data_dir: str) -> None:
     want = compose_loss(reference, batch, **kw)
     want.total.backward()
     model = engine.prepare(build_tiny_model(tokenizer=tok, seed=0))
-    got = engine.loss(model, batch, kw)  # every rank the same batch: the averaged gradient is the same
+    from composer_replication.loss import ComposedLoss
+
+    loss_fn = ComposedLoss.from_config({"sdpo": {"weight": 1.0}, "preference": {"weight": 1.0}})
+    got = engine.loss(model, batch, loss_fn)  # every rank the same batch: the averaged gradient is the same
     got.total.backward()
     ref_grads = dict(reference.named_parameters())
     worst = max(

@@ -14,6 +14,8 @@ import itertools
 import math
 import time
 
+from composer_replication.config.loss import PREFERENCE_WEIGHT, SDPO_WEIGHT
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps (default 4)")
@@ -24,9 +26,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--lr", type=float, default=None, help="AdamW learning rate (default 5e-5; 1e-3 with --tiny)"
     )
     parser.add_argument(
-        "--alpha-sdpo", type=float, default=0.1, help="self-distillation weight (default 0.1)"
+        "--alpha-sdpo",
+        type=float,
+        default=SDPO_WEIGHT,
+        help=f"self-distillation weight (default {SDPO_WEIGHT})",
     )
-    parser.add_argument("--beta-replay", type=float, default=0.05, help="preference weight (default 0.05)")
+    parser.add_argument(
+        "--beta-replay",
+        type=float,
+        default=PREFERENCE_WEIGHT,
+        help=f"preference weight (default {PREFERENCE_WEIGHT})",
+    )
     parser.add_argument("--dpo-variant", choices=["dpo", "simpo"], default="dpo")
     parser.add_argument("--sdpo-wrapper", choices=["none", "taid", "entropy_opd"], default="none",
                         help="'taid' drives t with TAIDScheduler")  # fmt: skip

@@ -19,6 +19,13 @@ from pydantic import Field, field_validator
 from composer_replication.config.base import StrictModel
 
 __all__ = [
+    "DPO_BETA",
+    "JSD_BETA",
+    "PREFERENCE_WEIGHT",
+    "RPO_ALPHA",
+    "SDPO_WEIGHT",
+    "SIMPO_BETA",
+    "SIMPO_GAMMA",
     "EntropyOPDSDPO",
     "GJSDSDPO",
     "LossConfig",
@@ -29,6 +36,18 @@ __all__ = [
     "DPOPreference",
     "SimPOPreference",
 ]
+
+
+# The loss's defaults, written once: the config fields below and the flat signatures of ``compose_loss``,
+# ``ComposerReplicationTrainer`` and the channel functions all read them.
+SDPO_WEIGHT = 0.1  # alpha
+PREFERENCE_WEIGHT = 0.05  # beta
+JSD_BETA = 0.5
+DPO_BETA = 0.1
+SIMPO_BETA = 2.0
+SIMPO_GAMMA = 1.0
+# the preference channel's default NLL weight: docs/training.md, "How the defaults were chosen"
+RPO_ALPHA = 1.0
 
 
 class OnPolicyConfig(StrictModel):
@@ -47,7 +66,7 @@ class _SDPOBase(StrictModel):
     """Fields every SDPO variant shares."""
 
     weight: float = Field(
-        0.1, ge=0.0, description="alpha: weight of the self-distillation channel; 0 disables"
+        SDPO_WEIGHT, ge=0.0, description="alpha: weight of the self-distillation channel; 0 disables"
     )
     source: Literal["recorded", "on_policy"] = Field(
         "on_policy",
@@ -56,9 +75,12 @@ class _SDPOBase(StrictModel):
         "recorded recovery (recorded)",
     )
     on_policy: OnPolicyConfig = Field(default_factory=OnPolicyConfig, description="source=on_policy sampling")
-    jsd_beta: float = Field(0.5, ge=0.0, le=1.0, description="0 forward KL, 0.5 JSD, 1 reverse KL")
+    jsd_beta: float = Field(JSD_BETA, ge=0.0, le=1.0, description="0 forward KL, 0.5 JSD, 1 reverse KL")
     temperature: float = Field(1.0, gt=0.0, description="softmax temperature")
     token_clip: float | None = Field(None, gt=0.0, description="per-token divergence clamp")
+    top_k: int | None = Field(
+        None, ge=1, description="keep only the teacher's top-k tokens per position (OPSD's top_k_loss)"
+    )
 
     @property
     def wrapper(self) -> Literal["none", "taid", "entropy_opd"]:
@@ -110,12 +132,10 @@ class EntropyOPDSDPO(_SDPOBase):
 SDPOConfig = Annotated[GJSDSDPO | TAIDSDPO | EntropyOPDSDPO, Field(discriminator="type")]
 
 
-# the preference channel's default NLL weight: docs/training.md, "How the defaults were chosen"
-RPO_ALPHA = 1.0
-
-
 class _PreferenceBase(StrictModel):
-    weight: float = Field(0.05, ge=0.0, description="beta: weight of the preference channel; 0 disables")
+    weight: float = Field(
+        PREFERENCE_WEIGHT, ge=0.0, description="beta: weight of the preference channel; 0 disables"
+    )
     rpo_alpha: float = Field(
         RPO_ALPHA,
         ge=0.0,
@@ -132,22 +152,22 @@ class _PreferenceBase(StrictModel):
     @property
     def dpo_beta(self) -> float:
         """``compose_loss``'s ``replay_dpo_beta``."""
-        return 0.1
+        return DPO_BETA
 
     @property
     def simpo_beta(self) -> float:
-        return 2.0
+        return SIMPO_BETA
 
     @property
     def simpo_gamma(self) -> float:
-        return 1.0
+        return SIMPO_GAMMA
 
 
 class DPOPreference(_PreferenceBase):
     """DPO (arXiv 2305.18290) against the reference model's log-probs."""
 
     type: Literal["dpo"] = Field("dpo", description="the variant (the default)")
-    beta: float = Field(0.1, gt=0.0, description="DPO beta")
+    beta: float = Field(DPO_BETA, gt=0.0, description="DPO beta")
 
     @property
     def dpo_beta(self) -> float:
@@ -158,8 +178,8 @@ class SimPOPreference(_PreferenceBase):
     """SimPO (arXiv 2405.14734): reference-free, length-normalised, with a target margin."""
 
     type: Literal["simpo"] = Field(..., description="the variant")
-    beta: float = Field(2.0, gt=0.0, description="SimPO beta")
-    gamma: float = Field(1.0, ge=0.0, description="SimPO target margin")
+    beta: float = Field(SIMPO_BETA, gt=0.0, description="SimPO beta")
+    gamma: float = Field(SIMPO_GAMMA, ge=0.0, description="SimPO target margin")
 
     @property
     def variant(self) -> Literal["dpo", "simpo"]:
@@ -178,8 +198,8 @@ PreferenceConfig = Annotated[DPOPreference | SimPOPreference, Field(discriminato
 
 
 _TAID_DEFAULTS = {f: i.default for f, i in TAIDSDPO.model_fields.items() if f not in _SDPOBase.model_fields}
-_PREFERENCE_KEYS = {"dpo_beta": ("dpo", "beta", 0.1), "simpo_beta": ("simpo", "beta", 2.0),
-                    "simpo_gamma": ("simpo", "gamma", 1.0)}  # fmt: skip
+_PREFERENCE_KEYS = {"dpo_beta": ("dpo", "beta", DPO_BETA), "simpo_beta": ("simpo", "beta", SIMPO_BETA),
+                    "simpo_gamma": ("simpo", "gamma", SIMPO_GAMMA)}  # fmt: skip
 
 
 def _legacy_sdpo(v: Any) -> Any:
@@ -255,10 +275,32 @@ class LossConfig(StrictModel):
         return dict(
             alpha_sdpo=s.weight, beta_replay=p.weight, lm_ce_label_smoothing=self.label_smoothing,
             sdpo_wrapper=s.wrapper, sdpo_jsd_beta=s.jsd_beta, sdpo_temperature=s.temperature,
-            sdpo_token_clip=s.token_clip, entropy_opd_h_max=s.entropy_opd_h_max,
+            sdpo_token_clip=s.token_clip, entropy_opd_h_max=s.entropy_opd_h_max, sdpo_top_k=s.top_k,
             dpo_variant=p.variant, replay_dpo_beta=p.dpo_beta, simpo_beta=p.simpo_beta, simpo_gamma=p.simpo_gamma,
             replay_rpo_alpha=p.rpo_alpha,
         )  # fmt: skip
+
+    @classmethod
+    def from_compose_loss_kwargs(
+        cls, *, alpha_sdpo: float, beta_replay: float, lm_ce_label_smoothing: float, sdpo_wrapper: str,
+        sdpo_jsd_beta: float, sdpo_temperature: float, sdpo_token_clip: float | None,
+        entropy_opd_h_max: float | None, sdpo_top_k: int | None, dpo_variant: str, replay_dpo_beta: float,
+        simpo_beta: float, simpo_gamma: float, replay_rpo_alpha: float,
+    ) -> LossConfig:  # fmt: skip
+        """The section that :meth:`compose_loss_kwargs` turns into these arguments (its inverse): what the
+        flat signatures of ``compose_loss`` and ``ComposerReplicationTrainer`` build."""
+        sdpo: dict[str, Any] = dict(
+            type={"none": "gjsd"}.get(sdpo_wrapper, sdpo_wrapper), weight=alpha_sdpo, jsd_beta=sdpo_jsd_beta,
+            temperature=sdpo_temperature, token_clip=sdpo_token_clip, top_k=sdpo_top_k,
+        )  # fmt: skip
+        if sdpo_wrapper == "entropy_opd":
+            sdpo["h_max"] = entropy_opd_h_max
+        pref: dict[str, Any] = {"type": dpo_variant, "weight": beta_replay, "rpo_alpha": replay_rpo_alpha}
+        if dpo_variant == "simpo":
+            pref.update(beta=simpo_beta, gamma=simpo_gamma)
+        else:
+            pref.update(beta=replay_dpo_beta)
+        return cls(label_smoothing=lm_ce_label_smoothing, sdpo=sdpo, preference=pref)
 
     @field_validator("sdpo", mode="before")
     @classmethod

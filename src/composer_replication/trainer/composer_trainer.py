@@ -35,6 +35,17 @@ import torch
 
 from composer_replication import encoding, wire
 from composer_replication._extras import is_available, require
+from composer_replication.config.loss import (
+    DPO_BETA,
+    JSD_BETA,
+    PREFERENCE_WEIGHT,
+    RPO_ALPHA,
+    SDPO_WEIGHT,
+    SIMPO_BETA,
+    SIMPO_GAMMA,
+    LossConfig,
+)
+from composer_replication.loss import ComposedLoss
 from composer_replication.trainer import pair_tokens
 
 if is_available("trl"):
@@ -80,21 +91,22 @@ class ComposerReplicationTrainer(GRPOTrainer):
     def __init__(
         self,
         *args: Any,
-        alpha_sdpo: float = 0.1,
-        beta_replay: float = 0.05,
-        sdpo_jsd_beta: float = 0.5,
+        alpha_sdpo: float = SDPO_WEIGHT,
+        beta_replay: float = PREFERENCE_WEIGHT,
+        sdpo_jsd_beta: float = JSD_BETA,
         sdpo_temperature: float = 1.0,
         sdpo_token_clip: float | None = None,
-        replay_dpo_beta: float = 0.1,
+        replay_dpo_beta: float = DPO_BETA,
         dpo_variant: str = "dpo",
-        simpo_beta: float = 2.0,
-        simpo_gamma: float = 1.0,
+        simpo_beta: float = SIMPO_BETA,
+        simpo_gamma: float = SIMPO_GAMMA,
         composer_kl_coef: float = 0.0,
         max_dpo_seq_len: int = 2048,
         sdpo_wrapper: str = "none",
         entropy_opd_h_max: float | None = None,
         sdpo_taid: Any = None,
-        replay_rpo_alpha: float = 0.0,
+        replay_rpo_alpha: float = RPO_ALPHA,
+        sdpo_top_k: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -107,24 +119,25 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 f"sdpo_wrapper={sdpo_wrapper!r}: 'none' (GJSD), 'entropy_opd', or 'taid' with sdpo_taid "
                 "(a distillation.TAIDScheduler) and only then"
             )
-        self.alpha_sdpo = alpha_sdpo
-        self.beta_replay = beta_replay
-        self.sdpo_jsd_beta = sdpo_jsd_beta
-        self.sdpo_temperature = sdpo_temperature
-        self.sdpo_token_clip = sdpo_token_clip
-        self.sdpo_wrapper = cast(Literal["none", "taid", "entropy_opd"], sdpo_wrapper)
-        self.entropy_opd_h_max = entropy_opd_h_max
+        if dpo_variant not in ("dpo", "simpo"):
+            raise ValueError(f"dpo_variant {dpo_variant!r}: use 'dpo' or 'simpo'")
+        if replay_rpo_alpha < 0:
+            raise ValueError(f"replay_rpo_alpha={replay_rpo_alpha}: use 0 (off) or a positive RPO weight")
+        # the flat arguments are the loss section's fields: the channels and their sum come from one object
+        self.loss = ComposedLoss(
+            LossConfig.from_compose_loss_kwargs(
+                alpha_sdpo=alpha_sdpo, beta_replay=beta_replay, lm_ce_label_smoothing=0.0,
+                sdpo_wrapper=sdpo_wrapper, sdpo_jsd_beta=sdpo_jsd_beta, sdpo_temperature=sdpo_temperature,
+                sdpo_token_clip=sdpo_token_clip, entropy_opd_h_max=entropy_opd_h_max, sdpo_top_k=sdpo_top_k,
+                dpo_variant=dpo_variant, replay_dpo_beta=replay_dpo_beta, simpo_beta=simpo_beta,
+                simpo_gamma=simpo_gamma, replay_rpo_alpha=replay_rpo_alpha,
+            )
+        )  # fmt: skip
+        self.alpha_sdpo, self.beta_replay = alpha_sdpo, beta_replay
+        self.dpo_variant = cast(Literal["dpo", "simpo"], dpo_variant)
         self.sdpo_taid, self._taid_losses = sdpo_taid, cast(list[float], [])
         if sdpo_taid is not None:
             self.add_callback(_TAIDStep(self))
-        self.replay_dpo_beta = replay_dpo_beta
-        if dpo_variant not in ("dpo", "simpo"):
-            raise ValueError(f"dpo_variant {dpo_variant!r}: use 'dpo' or 'simpo'")
-        self.dpo_variant = cast(Literal["dpo", "simpo"], dpo_variant)
-        self.simpo_beta, self.simpo_gamma = simpo_beta, simpo_gamma
-        if replay_rpo_alpha < 0:
-            raise ValueError(f"replay_rpo_alpha={replay_rpo_alpha}: use 0 (off) or a positive RPO weight")
-        self.replay_rpo_alpha = replay_rpo_alpha
         self.composer_kl_coef = composer_kl_coef
         self.max_dpo_seq_len = max_dpo_seq_len
         self._ref_logps_cache: dict[str, tuple[float, float]] = {}
@@ -307,8 +320,6 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     def _compute_sdpo_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """GJSD between the student and the hinted teacher on the completion tokens (loss.sdpo_channel)."""
-        from composer_replication.loss import sdpo_channel
-
         zero = inputs["completion_ids"].new_zeros((), dtype=torch.float32).requires_grad_()
         if self.alpha_sdpo == 0 or "sdpo_prompt_ids" not in inputs:
             return zero
@@ -318,7 +329,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
             return zero
         comp, cmask, m = inputs["completion_ids"][rows], inputs["completion_mask"][rows], mask[rows]
         s_prompt, t_prompt = inputs["prompt_ids"][rows], inputs["sdpo_prompt_ids"][rows]
-        res = sdpo_channel(
+        res = self.loss.sdpo(
             model,
             torch.cat([s_prompt, comp], 1),
             torch.cat([t_prompt, comp], 1),
@@ -326,11 +337,6 @@ class ComposerReplicationTrainer(GRPOTrainer):
             student_mask=torch.cat([torch.zeros_like(s_prompt), m.long()], 1),
             attention_mask=torch.cat([inputs["prompt_mask"][rows], cmask], 1),
             teacher_attention_mask=torch.cat([inputs["sdpo_prompt_mask"][rows], cmask], 1),
-            wrapper=self.sdpo_wrapper,
-            jsd_beta=self.sdpo_jsd_beta,
-            temperature=self.sdpo_temperature,
-            token_clip=self.sdpo_token_clip,
-            h_max=self.entropy_opd_h_max,
             taid_t=self.sdpo_taid.t if self.sdpo_taid is not None else None,
         )
         self._channel_metrics.update(res.metrics)
@@ -342,27 +348,20 @@ class ComposerReplicationTrainer(GRPOTrainer):
 
     def _compute_trace_replay_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         """DPO (or SimPO) over the batch's pairs with cached reference log-probs (loss.preference_channel)."""
-        from composer_replication.loss import preference_channel
-
         zero = inputs["completion_ids"].new_zeros((), dtype=torch.float32).requires_grad_()
         if self.beta_replay == 0 or "dpo_row_mask" not in inputs:
             return zero
         rows = inputs["dpo_row_mask"] > 0
         if not bool(rows.any()):
             return zero
-        res = preference_channel(
+        res = self.loss.preference(
             model,
             inputs["dpo_chosen_input_ids"][rows],
             inputs["dpo_chosen_response_mask"][rows],
             inputs["dpo_rejected_input_ids"][rows],
             inputs["dpo_rejected_response_mask"][rows],
-            variant=self.dpo_variant,
             ref_chosen_logps=inputs["dpo_chosen_ref_logprobs"][rows],
             ref_rejected_logps=inputs["dpo_rejected_ref_logprobs"][rows],
-            beta=self.replay_dpo_beta,
-            simpo_beta=self.simpo_beta,
-            simpo_gamma=self.simpo_gamma,
-            rpo_alpha=self.replay_rpo_alpha,
         )
         self._channel_metrics.update(res.metrics)
         n = torch.tensor(float(res.count), device=res.loss.device)
@@ -379,7 +378,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         # Logged unscaled (per token / per pair), next to TRL's own metrics.
         for key, value in self._channel_metrics.items():
             self._metrics[mode][key].append(value)
-        return policy + self.alpha_sdpo * sdpo + self.beta_replay * dpo
+        return self.loss.total(policy, sdpo, dpo)
 
     # ---------------------------------------------------------------- TAID's schedule
     def _taid_step(self, global_step: int) -> None:

@@ -101,10 +101,10 @@ class Engine:
     def stream(self, stream: Any) -> Any:
         return stream
 
-    def loss(self, model: Any, batch: dict[str, torch.Tensor], kwargs: dict[str, Any], *, sync: bool = True):
-        from composer_replication.loss import compose_loss
-
-        return compose_loss(model, batch, **kwargs)
+    def loss(self, model: Any, batch: dict[str, torch.Tensor], loss: Any, *, sync: bool = True, **call: Any):
+        """``loss(model, batch, **call)``: a :class:`~composer_replication.loss.ComposedLoss` on one
+        micro-batch (``call``: its ``taid_t``, ``sdpo_inputs``)."""
+        return loss(model, batch, **call)
 
     def reference_logprobs(self, model: Any, tok: Any, pairs: list[dict], max_len: int) -> dict[str, tuple]:
         from composer_replication.trainer.offline_parts import reference_logprobs
@@ -147,10 +147,8 @@ class _LossRunner(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch: dict[str, torch.Tensor], kwargs: dict[str, Any]):
-        from composer_replication.loss import compose_loss
-
-        return compose_loss(self.model, batch, **kwargs)
+    def forward(self, batch: dict[str, torch.Tensor], loss: Any, call: dict[str, Any]):
+        return loss(self.model, batch, **call)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -230,14 +228,12 @@ class DistributedEngine(Engine):
     def stream(self, stream: Any) -> Any:
         return RankStream(stream, self.rank, self.world_size)
 
-    def loss(self, model: Any, batch: dict[str, torch.Tensor], kwargs: dict[str, Any], *, sync: bool = True):
+    def loss(self, model: Any, batch: dict[str, torch.Tensor], loss: Any, *, sync: bool = True, **call: Any):
         if self._ddp is not None:
             with nullcontext() if sync else self._ddp.no_sync():
-                return self._ddp(batch, kwargs)
-        from composer_replication.loss import compose_loss
-
+                return self._ddp(batch, loss, call)
         self.unsharded(model)  # the fused kernels read the head and run the base model directly
-        return compose_loss(model, batch, **kwargs)
+        return loss(model, batch, **call)
 
     def reference_logprobs(self, model: Any, tok: Any, pairs: list[dict], max_len: int) -> dict[str, tuple]:
         """Batches of 4 pairs dealt round-robin to the ranks (the single-process batches, so the same

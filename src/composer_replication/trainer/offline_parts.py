@@ -127,10 +127,3 @@ def make_taid(cfg: TrainConfig) -> Any:
 
     return TAIDScheduler(cfg.schedule.max_steps, t_start=s.t_start, t_end=s.t_end, alpha=s.alpha,
                          beta=s.beta, disable_adaptive=s.disable_adaptive)  # fmt: skip
-
-
-def loss_kwargs(cfg: TrainConfig, taid) -> dict[str, Any]:
-    kw = cfg.loss.compose_loss_kwargs()
-    if taid is not None:
-        kw["taid_t"] = taid.t
-    return kw

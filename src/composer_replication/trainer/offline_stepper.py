@@ -14,12 +14,12 @@ from typing import Any
 import torch
 
 from composer_replication.config import TrainConfig, build_config
+from composer_replication.loss import ComposedLoss
 from composer_replication.trainer import checkpoint as ckpt
 from composer_replication.trainer import offline_data as od
 from composer_replication.trainer import pair_tokens
 from composer_replication.trainer.offline_parts import (
     load_model,
-    loss_kwargs,
     make_optimizer,
     make_taid,
     pair_batch,
@@ -78,6 +78,7 @@ class OfflineStepper:
         self._ref: dict[str, tuple] | None = None
         self.opt, self.sched = make_optimizer(cfg, model)
         self.taid = make_taid(cfg)
+        self.loss = ComposedLoss.from_config(cfg.loss)
 
     @property
     def ref(self) -> dict[str, tuple]:
@@ -118,21 +119,16 @@ class OfflineStepper:
         self.opt.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
         extras: dict[str, float] = {}
-        kwargs = loss_kwargs(cfg, self.taid)
-        if self.on_policy is not None:  # the SDPO channel runs on the student's samples (below)
-            kwargs["alpha_sdpo"] = 0.0
+        taid_t = self.taid.t if self.taid is not None else None
         for i in range(ga):  # gradients are synchronised across processes on the last micro-batch
-            comps = self.engine.loss(self.model, self._micro_batch(), kwargs, sync=i == ga - 1)
-            parts, metrics = comps.detached(), dict(comps.metrics)
-            total = comps.total
-            if self.on_policy is not None:
-                sd, sd_metrics = self._on_policy_sdpo(i)
-                metrics.update(sd_metrics)
-                if sd is not None:
-                    total = total + cfg.loss.sdpo.weight * sd
-                    parts["sdpo_jsd"] = float(sd.detach())
-                    parts["total"] = float(total.detach())
-            (total / ga).backward()
+            batch, call = self._micro_batch(), {"taid_t": taid_t}
+            metrics: dict[str, float] = {}
+            if self.on_policy is not None:  # the SDPO channel's rows: the student's samples at error sites
+                call["sdpo_inputs"], metrics = self._on_policy_batch(i)
+            comps = self.engine.loss(self.model, batch, self.loss, sync=i == ga - 1, **call)
+            parts = comps.detached()
+            metrics.update(comps.metrics)
+            (comps.total / ga).backward()
             for k, v in parts.items():
                 totals[k] = totals.get(k, 0.0) + v / ga
             for k, v in metrics.items():
@@ -152,24 +148,11 @@ class OfflineStepper:
             row["taid_t"] = self.taid.t
         return row
 
-    def _on_policy_sdpo(self, micro: int) -> tuple[torch.Tensor | None, dict[str, float]]:
-        """On-policy SDPO for one micro-batch: the student samples at error sites, the hinted model scores."""
-        from composer_replication.loss import sdpo_channel
-
+    def _on_policy_batch(self, micro: int) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
+        """The student's samples at this micro-batch's error sites (None: no site) and the sampling metrics."""
         assert self.on_policy is not None
         batch, metrics = self.on_policy.batch(self.model, self.step_count, micro)
-        if batch is None:
-            return None, metrics
-        b = {k: v.to(self.device) for k, v in batch.items()}
-        kw = loss_kwargs(self.cfg, self.taid)
-        res = sdpo_channel(
-            self.model, b["input_ids"], b["ctx_teacher_input_ids"], b["sdpo_loss_mask"],
-            student_mask=b["sdpo_student_mask"], attention_mask=b["attention_mask"],
-            teacher_attention_mask=b["ctx_teacher_attention_mask"], wrapper=kw["sdpo_wrapper"],
-            jsd_beta=kw["sdpo_jsd_beta"], temperature=kw["sdpo_temperature"],
-            token_clip=kw["sdpo_token_clip"], taid_t=kw.get("taid_t"), h_max=kw["entropy_opd_h_max"],
-        )  # fmt: skip
-        return res.loss, {**metrics, **res.metrics}
+        return (None if batch is None else {k: v.to(self.device) for k, v in batch.items()}), metrics
 
     def skip_to(self, step: int) -> None:
         """Advance the data streams and LR schedule to ``step`` without training (a replica catching up)."""

@@ -23,11 +23,15 @@ so nothing imports prime-rl; prime-rl's own records work too (attribute access o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from composer_replication.config.loss import JSD_BETA, SDPO_WEIGHT
+from composer_replication.loss import ComposedLoss
 from composer_replication.opsd import generalized_jsd_loss
 
 
@@ -113,20 +117,28 @@ def dpo_loss(inputs: LossInputs, *, beta: float = 0.1, label_smoothing: float = 
 def composer_loss(
     inputs: LossInputs,
     *,
-    alpha_sdpo: float = 0.1,
+    alpha_sdpo: float = SDPO_WEIGHT,
     dppo_mask_low: float = 0.2,
     dppo_mask_high: float = 0.2,
     adv_tau: float = 1.0,
     kl_tau: float = 1e-3,
-    jsd_beta: float = 0.5,
+    jsd_beta: float = JSD_BETA,
     temperature: float = 1.0,
+    loss: Mapping[str, Any] | None = None,
 ) -> LossOutputs:
     """prime-rl's default policy term + ``alpha_sdpo`` × `sdpo_loss` where the sequence has a teacher.
 
     Policy term per token (prime-rl defaults): ``−keep·adv_tau·A·ratio + kl_tau·log²(π/μ)`` where ``keep``
     masks a token whose trust-region gap ``p_train − p_infer`` exceeds ``dppo_mask_high`` with A > 0 (or is
-    below ``−dppo_mask_low`` with A < 0).
+    below ``−dppo_mask_low`` with A < 0). ``loss`` is a whole ``loss`` config section (``[trainer.loss.kwargs.loss]``
+    in prime-rl's TOML; ``sdpo`` is read, the preference channel is `dpo_loss`'s); given, it replaces
+    ``alpha_sdpo``, ``jsd_beta`` and ``temperature``. The sum is :meth:`ComposedLoss.total`, as in every trainer.
     """
+    composed = ComposedLoss.from_config(
+        loss
+        if loss is not None
+        else {"sdpo": {"weight": alpha_sdpo, "jsd_beta": jsd_beta, "temperature": temperature}}
+    )
     keep_T, w_T = _mask(inputs)
     log_ratio_T = inputs.trainer_logprobs - inputs.inference_logprobs.detach()
     ratio_T = torch.exp(log_ratio_T)
@@ -136,10 +148,13 @@ def composer_loss(
     per_token_T = -(~masked_T).to(w_T.dtype) * adv_tau * adv_T * ratio_T + kl_tau * log_ratio_T**2
     policy = (per_token_T * w_T).sum()
     metrics = {"policy/loss_sum": policy.detach(), "policy/masked": (masked_T & keep_T).sum()}
-    loss = policy
+    sdpo = torch.zeros((), dtype=policy.dtype, device=policy.device)
     has_teacher = inputs.teacher_logits is not None or inputs.ref_logprobs is not None
-    if alpha_sdpo > 0 and has_teacher:
-        sd = sdpo_loss(inputs, jsd_beta=jsd_beta, temperature=temperature)
-        loss = loss + alpha_sdpo * sd.loss
+    if composed.sdpo_weight > 0 and has_teacher:
+        s = composed.config.sdpo
+        sd = sdpo_loss(
+            inputs, jsd_beta=s.jsd_beta, temperature=s.temperature, token_clip=s.token_clip, top_k=s.top_k
+        )
+        sdpo = sd.loss
         metrics |= sd.metrics
-    return LossOutputs(loss, metrics)
+    return LossOutputs(composed.total(policy, sdpo, torch.zeros_like(sdpo)), metrics)
