@@ -31,15 +31,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = [
-    "PatchError",
-    "PatchFiles",
-    "PatchOp",
-    "apply_patch",
-    "extract_invocation",
-    "parse_patch",
-    "seek_sequence",
-]
+__all__ = ["PatchError", "PatchFiles", "PatchOp", "apply_patch", "extract_invocation", "parse_patch"]
 
 BEGIN, END = "*** Begin Patch", "*** End Patch"
 ADD, DELETE, UPDATE, MOVE = "*** Add File: ", "*** Delete File: ", "*** Update File: ", "*** Move to: "
@@ -227,12 +219,7 @@ _PUNCT = str.maketrans(
         ),
     }
 )
-_PASSES = (
-    lambda s: s,
-    lambda s: s.rstrip(),
-    lambda s: s.strip(),
-    lambda s: s.strip().translate(_PUNCT),
-)
+_PASSES = (lambda s: s, lambda s: s.rstrip(), lambda s: s.strip(), lambda s: s.strip().translate(_PUNCT))
 
 
 def seek_sequence(lines: list[str], pattern: list[str], start: int, eof: bool) -> int | None:
