@@ -1,22 +1,17 @@
 """Codex's ``apply_patch`` format: parse a ``*** Begin Patch`` envelope and apply it to a workspace.
 
-What is covered (the documented grammar and the Codex CLI's observable behaviour, written here from
-those facts):
-
-- the envelope ``*** Begin Patch`` ... ``*** End Patch`` (markers may carry surrounding whitespace; a
-  heredoc wrapper ``<<'EOF'`` ... ``EOF`` around it is stripped), with file operations
-  ``*** Add File: P`` (every following ``+`` line is content), ``*** Delete File: P`` and
-  ``*** Update File: P`` (optionally ``*** Move to: Q``) followed by chunks: ``@@`` or ``@@ <context
-  line>`` then lines starting with `` `` (context), ``-`` (removed), ``+`` (added), an optional
-  ``*** End of File``; the first chunk may omit its ``@@``;
-- locating a chunk: its ``@@`` context line first, then its old lines at or after that point, matched
-  exactly, then ignoring trailing whitespace, then ignoring surrounding whitespace, then with Unicode
-  dashes, quotes and spaces read as ASCII; an ``*** End of File`` chunk matches at the end only;
-- errors in Codex's words: ``invalid patch: ...``, ``invalid hunk at line N, ...``, ``Failed to find
-  expected lines in P:`` / ``Failed to find context '...' in P``, ``Failed to read file to update P:
-  ...``; every update and delete is verified against the files **before** anything is written, then
-  the operations are applied in order and summarised as ``Success. Updated the following files:`` with
-  ``A``/``M``/``D`` lines.
+Covered (the documented grammar and the Codex CLI's observable behaviour, written from those facts):
+the envelope ``*** Begin Patch`` ... ``*** End Patch`` (markers may carry whitespace; a heredoc
+wrapper ``<<'EOF'`` ... ``EOF`` is stripped) holding ``*** Add File: P`` (``+`` lines are the content),
+``*** Delete File: P`` and ``*** Update File: P`` (optionally ``*** Move to: Q``) with chunks: ``@@`` or
+``@@ <context line>``, then `` ``/``-``/``+`` lines and an optional ``*** End of File`` (the first chunk
+may omit its ``@@``). A chunk is located after its ``@@`` line, its old lines matched exactly, then
+ignoring trailing whitespace, then surrounding whitespace, then with Unicode dashes, quotes and spaces
+read as ASCII (``*** End of File``: at the end only). Errors use Codex's words (``invalid patch: ...``,
+``invalid hunk at line N, ...``, ``Failed to find expected lines in P:``, ``Failed to find context
+'...' in P``, ``Failed to read file to update P: ...``); every update and delete is verified against
+the files before anything is written, then the operations run in order and are summarised as
+``Success. Updated the following files:`` with ``A``/``M``/``D`` lines.
 
 Workspace safety (stricter than Codex): every path must be relative, or absolute under the workspace
 root, without ``..``; anything else is refused before a file is touched, in Codex's rejection words.
@@ -31,7 +26,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["PatchError", "PatchFiles", "PatchOp", "apply_patch", "extract_invocation", "parse_patch"]
+from composer_replication.datagen.harness_base import workspace_relpath
+
+__all__ = [
+    "PatchError",
+    "PatchFiles",
+    "PatchOp",
+    "add_files_patch",
+    "apply_patch",
+    "extract_invocation",
+    "parse_patch",
+]
 
 BEGIN, END = "*** Begin Patch", "*** End Patch"
 ADD, DELETE, UPDATE, MOVE = "*** Add File: ", "*** Delete File: ", "*** Update File: ", "*** Move to: "
@@ -43,9 +48,8 @@ IMPLICIT = 'patch detected without explicit call to apply_patch. Rerun as ["appl
 class PatchError(ValueError):
     """A patch that cannot be parsed, verified or applied; ``str(e)`` is Codex's message.
 
-    ``stage`` says when it failed, which decides how Codex reports it: ``"verify"`` (parse errors and
-    changes that do not fit the files: nothing was written), ``"rejected"`` (a path outside the
-    workspace: nothing was written), ``"apply"`` (while writing: earlier operations stay applied).
+    ``stage`` (how Codex reports it): ``"verify"`` (unparsable, or not fitting the files) and
+    ``"rejected"`` (a path outside the workspace): nothing written; ``"apply"``: failed while writing.
     """
 
     def __init__(self, message: str, stage: str = "verify") -> None:
@@ -274,25 +278,19 @@ def _io_text(e: OSError) -> str:
     return f"{os.strerror(code)} (os error {code})"
 
 
-def _relpath(path: str, root: str) -> str | None:
-    """``path`` as a workspace-relative path, or None when it leaves the workspace."""
+def _relpath(path: str, root: str, cwd: str) -> str | None:
+    """``path`` (absolute under ``root``, else relative to the workspace directory ``cwd``) as a
+    workspace-relative file path, or None when it leaves the workspace or names its root."""
     p = path.strip()
-    if p.startswith("/"):
-        prefix = root.rstrip("/") + "/"
-        if not p.startswith(prefix):
-            return None
-        p = p[len(prefix) :]
-    parts = [s for s in p.split("/") if s not in ("", ".")]
-    if not parts or ".." in parts or "\x00" in p:
-        return None
-    return "/".join(parts)
+    return workspace_relpath(p if p.startswith("/") or not cwd else f"{cwd}/{p}", root) or None
 
 
-def apply_patch(text: str, files: PatchFiles, *, root: str = "/workspace") -> str:
+def apply_patch(text: str, files: PatchFiles, *, root: str = "/workspace", cwd: str = "") -> str:
     """Apply the patch ``text``; return Codex's success summary, raise `PatchError` with its message.
 
     ``root`` is the workspace as the agent sees it (absolute paths under it are accepted; error
-    messages name files under it, as Codex names them by absolute path). Nothing is written unless
+    messages name files under it, as Codex names them by absolute path); relative paths are taken from
+    ``cwd``, a workspace-relative directory (the call's ``workdir``). Nothing is written unless
     every update and delete verifies against the current files.
     """
     ops = parse_patch(text)
@@ -300,7 +298,7 @@ def apply_patch(text: str, files: PatchFiles, *, root: str = "/workspace") -> st
     for op in ops:
         for p in (op.path, op.move_to):
             if p is not None:
-                r = _relpath(p, root)
+                r = _relpath(p, root, cwd)
                 if r is None:
                     raise PatchError(REJECTED, "rejected")
                 rel[p] = r
@@ -388,3 +386,14 @@ def _is_patch(text: str) -> bool:
     except PatchError:
         return False
     return True
+
+
+def add_files_patch(files: dict[str, str]) -> str:
+    """A patch writing each of ``files`` whole (``*** Add File:`` overwrites; a final newline is added)."""
+    parts = [BEGIN]
+    for path, text in files.items():
+        lines = text.split("\n")
+        if lines[-1] == "":
+            lines.pop()
+        parts += [ADD + path, *("+" + ln for ln in lines)]
+    return "\n".join([*parts, END]) + "\n"
