@@ -81,7 +81,7 @@ class CodexRolloutLog:
                 self._item({"type": "message", "role": "assistant", "content": content})
                 self._line("event_msg", {"type": "agent_message", "message": b["text"]})
             elif b["type"] == "tool_use":
-                args = json.dumps(b["input"], ensure_ascii=False)
+                args = json.dumps(b["input"], ensure_ascii=False, separators=(",", ":"))
                 self._item(
                     {"type": "function_call", "name": b["name"], "arguments": args, "call_id": b["id"]}
                 )
