@@ -115,9 +115,8 @@ class CodexTools:
             return _plain(f"apply_patch verification failed: {e}")
         if found is not None:
             patch, cd = found
-            sub = workspace_relpath(
-                f"{cwd}/{cd}" if cd and not cd.startswith("/") else (cd or cwd), self.root
-            )
+            joined = f"{cwd}/{cd}" if cwd and cd and not cd.startswith("/") else (cd or cwd)
+            sub = workspace_relpath(joined, self.root)
             if sub is None:
                 return _plain(ap.REJECTED)
             return self._patch(patch, sub, t0)
