@@ -8,6 +8,7 @@ against the tool schemas, and running a fixed helper program inside the sandbox.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import shlex
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Any
 from composer_replication.datagen.sandbox import Sandbox, SandboxError
 from composer_replication.tool_schemas import input_problems
 
-__all__ = ["HelperError", "ToolOutcome", "arg_problems", "run_helper", "workspace_relpath"]
+__all__ = ["HelperError", "ToolOutcome", "arg_problems", "read_file", "run_helper", "workspace_relpath"]
 
 
 @dataclass
@@ -50,6 +51,20 @@ def workspace_relpath(path: Any, root: str) -> str | None:
         p = p[len(root) + 1 :]
     parts = [s for s in p.split("/") if s not in ("", ".")]
     return None if ".." in parts else "/".join(parts)
+
+
+def read_file(sb: Sandbox, rel: str) -> bytes:
+    """``sb.get(rel)`` with the backends' errors made alike: `FileNotFoundError` (missing),
+    `IsADirectoryError` (a directory; docker reports it as a failed ``cat``), `PermissionError` with
+    ``EACCES`` (the path, or a symlink on it, leaves the workspace)."""
+    try:
+        return sb.get(rel)
+    except FileNotFoundError as e:
+        if "Is a directory" in str(e):
+            raise IsADirectoryError(errno.EISDIR, str(e)) from None
+        raise
+    except PermissionError as e:
+        raise PermissionError(errno.EACCES, str(e)) from None
 
 
 def arg_problems(schema: dict[str, Any] | None, args: Any) -> list[str]:

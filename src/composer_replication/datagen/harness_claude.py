@@ -33,6 +33,7 @@ from composer_replication.datagen.harness_base import (
     HelperError,
     ToolOutcome,
     arg_problems,
+    read_file,
     workspace_relpath,
 )
 from composer_replication.datagen.sandbox import Sandbox, SandboxError
@@ -145,7 +146,7 @@ class ClaudeCodeTools:
     def _load(self, rel: str, path: str) -> str | None:
         """The file's text, None when it does not exist."""
         try:
-            return self.sb.get(rel).decode("utf-8", errors="replace")
+            return read_file(self.sb, rel).decode("utf-8", errors="replace")
         except FileNotFoundError:
             return None
         except IsADirectoryError:

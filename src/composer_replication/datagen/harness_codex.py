@@ -22,6 +22,7 @@ Codex ingester reads failures back from the exit code or those texts).
 
 from __future__ import annotations
 
+import errno
 import json
 import shlex
 import time
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from composer_replication.datagen import apply_patch as ap
-from composer_replication.datagen.harness_base import ToolOutcome, arg_problems, workspace_relpath
+from composer_replication.datagen.harness_base import ToolOutcome, arg_problems, read_file, workspace_relpath
 from composer_replication.datagen.sandbox import Sandbox, SandboxError
 from composer_replication.tool_schemas import CODEX_TOOLS
 
@@ -42,26 +43,38 @@ _STATUSES = ("pending", "in_progress", "completed")
 
 
 class SandboxPatchFiles:
-    """`apply_patch.PatchFiles` over a sandbox: get/put refuse paths (and symlinks) leaving the
-    workspace; removal runs ``rm`` inside the sandbox on the already-checked relative path."""
+    """`apply_patch.PatchFiles` over a sandbox. Reads go through ``get``, which refuses a path whose
+    symlinks lead out of the workspace; a write first asks ``get`` the same (so an ``Add File`` never
+    follows a planted symlink, on any backend); removal runs ``rm`` on the checked relative path."""
 
     def __init__(self, sb: Sandbox) -> None:
         self.sb = sb
 
     def read(self, path: str) -> str:
-        return self.sb.get(path).decode("utf-8")
+        return read_file(self.sb, path).decode("utf-8")
 
     def write(self, path: str, text: str) -> None:
         try:
+            self.read(path)
+        except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+            pass
+        try:
             self.sb.put(path, text)
-        except ValueError as e:
-            raise PermissionError(13, str(e)) from None
+        except (PermissionError, ValueError) as e:
+            raise PermissionError(errno.EACCES, str(e)) from None
 
     def remove(self, path: str) -> None:
         r = self.sb.exec(f"rm -- {shlex.quote(path)}", timeout=30)
         if not r.ok:
-            code = 21 if "Is a directory" in r.output else 2 if "No such file" in r.output else 13
-            raise OSError(code, r.output.strip())
+            out = r.output
+            code = (
+                errno.EISDIR
+                if "Is a directory" in out
+                else errno.ENOENT
+                if "No such file" in out
+                else errno.EACCES
+            )
+            raise OSError(code, out.strip())
 
 
 def _exec_output(output: str, exit_code: int, duration: float) -> str:
