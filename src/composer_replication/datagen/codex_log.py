@@ -44,7 +44,12 @@ class CodexRolloutLog:
         self._last_text = ""
         self._tokens = {"input_tokens": 0, "cached_input_tokens": 0, "output_tokens": 0}
         self._tokens |= {"reasoning_output_tokens": 0, "total_tokens": 0}
-        meta = {"id": self.session_id, "timestamp": _now(), "cwd": cwd, "originator": "composer-replication"}
+        meta: dict[str, Any] = {
+            "id": self.session_id,
+            "timestamp": _now(),
+            "cwd": cwd,
+            "originator": "composer-replication",
+        }
         meta |= {"cli_version": "composer-replication", "instructions": None, "source": "exec"}
         self._line("session_meta", meta | {"model_provider": "composer-replication"})
         env = (

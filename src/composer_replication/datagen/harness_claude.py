@@ -299,7 +299,7 @@ class ClaudeCodeTools:
             for i, e in enumerate(edits, 1)
         ]
         shown = f"Applied {len(edits)} edit{'s' if len(edits) > 1 else ''} to {path}:\n" + "\n".join(lines)
-        result = {"filePath": path, "edits": edits, "originalFileContents": text}
+        result: dict[str, Any] = {"filePath": path, "edits": edits, "originalFileContents": text}
         result |= {"structuredPatch": structured_patch(text, updated), "userModified": False}
         return ToolOutcome(shown, False, result)
 
