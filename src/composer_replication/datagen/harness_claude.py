@@ -136,7 +136,9 @@ class ClaudeCodeTools:
     # ------------------------------------------------------------------ helpers
     def _rel(self, path: str, verb: str) -> str:
         rel = workspace_relpath(path, self.root)
-        if not rel:
+        if rel == "":
+            raise ToolFailure(f"EISDIR: illegal operation on a directory, {verb}")
+        if rel is None:
             raise ToolFailure(f"Permission denied: {verb} {path} is outside the workspace ({self.root})")
         return rel
 
