@@ -120,11 +120,11 @@ def test_scripted_policy_scores_one_through_the_same_reward_paths():
     env = SandboxCodingEnv(tasks, stats=stats)
     env.reset(task="implement_function")
     sol = tasks["implement_function"].solution["text.py"]
-    assert "File written" in env.write("text.py", sol)
+    assert env.write("text.py", sol) == "The file /workspace/text.py has been updated successfully."
     assert "ok" in env.bash("python3 test_text.py")
     assert env.get_reward() == 1.0
     env.reset(task="off_by_one")
-    assert "Edited" in env.edit("mathx.py", "range(1, n)", "range(1, n + 1)")
+    assert "has been updated successfully" in env.edit("mathx.py", "range(1, n)", "range(1, n + 1)")
     assert "sum_to" in env.read("mathx.py")
     assert env.get_reward() == 1.0
     assert stats.scored == 5 and stats.infra_errors == 0

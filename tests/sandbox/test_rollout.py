@@ -229,5 +229,11 @@ def test_hf_policy_rollout_with_tiny_model(tiny_tokenizer, tmp_path):
     # A random model emits no valid tool call: one turn, the tests run on the untouched files and fail.
     assert (r.status, r.reward, r.turns) == ("ok", 0.0, 1)
     records = [json.loads(x) for x in Path(r.session_log).read_text().splitlines()]
-    assert [rec["type"] for rec in records] == ["user", "assistant"]
+    assert [rec["type"] for rec in records] == ["user", "assistant", "system"]
     assert records[1]["message"]["content"][0]["type"] == "text"
+    assert (r.end_reason, records[2]["subtype"], records[2]["content"]) == (
+        "done",
+        "rollout_end",
+        "Rollout ended: done",
+    )
+    assert records[1]["message"]["usage"]["output_tokens"] == r.tokens > 0  # the tokenizer's count

@@ -1,4 +1,4 @@
-"""Rollouts: a model acts as a tool-calling agent in a sandbox; the run is recorded as a Claude Code session.
+"""Rollouts: a model acts as a tool-calling agent in a sandbox; the run is recorded as a session log.
 
 What is covered: the agent loop (policy -> tool calls -> sandbox -> tool results, up to ``max_turns``),
 rendered with :mod:`composer_replication.wire` (the same system message, action lines and tool-result
@@ -9,6 +9,9 @@ a protected path is flagged ``reward_hack``), a Claude Code session log per roll
 (so ``ingestion.claude_code.ClaudeCodeIngester`` turns generated data into states and traces like real
 sessions), an append-only ``rollouts.jsonl`` index that makes `run_rollouts` resumable, kill-switch
 polling between turns, sandbox violations reported to the switch, and one process per output directory (`_lock`).
+``harness`` picks the tool surface and log format (`datagen.harness`: ``claude_code`` or ``codex``; a Codex
+rollout log for ``codex``), and ``max_turns`` / ``max_tokens`` / ``max_wall_s`` end a rollout with
+``end_reason`` recorded.
 
 What is not covered: infrastructure failures (the sandbox cannot start or crashes, the harness times
 out) are **not** the agent's fault: such rollouts get ``status="infra_error"`` and ``reward=None`` and
@@ -24,26 +27,36 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from composer_replication import wire
 from composer_replication._io import JsonlAppender, read_jsonl
 from composer_replication._lock import directory_lock
+from composer_replication.datagen.apply_patch import add_files_patch
+from composer_replication.datagen.claude_log import SessionLog
+from composer_replication.datagen.codex_log import CodexRolloutLog
+from composer_replication.datagen.harness import (
+    Budget,
+    check_harness,
+    harness_schemas,
+    log_format,
+    make_toolset,
+    output_tokens,
+)
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
 from composer_replication.datagen.tasks import Task, bundled_tasks, check_name, path_inside
-from composer_replication.datagen.tools import TOOL_SCHEMAS, format_tool_call, parse_tool_calls, run_tool
+from composer_replication.datagen.tools import format_tool_call, parse_tool_calls
 from composer_replication.datagen.verifier import OnProtected, Verdict, verify
 from composer_replication.safety.kill_switch import EXIT_KILL_SWITCH, KillSwitch, KillSwitchTriggered
 
 Policy = Callable[[list[dict[str, Any]]], str]  # chat messages -> assistant text (tool calls inline)
 
 
-def task_prompt(task: Task) -> list[dict[str, Any]]:
-    """The opening messages of ``task`` (``wire.task_messages`` with the sandbox tools): what a rollout
+def task_prompt(task: Task, harness: str | None = None) -> list[dict[str, Any]]:
+    """The opening messages of ``task`` (``wire.task_messages`` with the harness's tools): what a rollout
     starts from and what the GRPO phase's task rows ask, token for token."""
-    return wire.task_messages(task.instruction, task.files, TOOL_SCHEMAS)
+    return wire.task_messages(task.instruction, task.files, harness_schemas(harness))
 
 
 # --------------------------------------------------------------------------- policies
@@ -58,9 +71,16 @@ class ScriptedPolicy:
         return self.steps[self._i - 1] if self._i <= len(self.steps) else "Done."
 
 
-def oracle_policy(task: Task) -> ScriptedPolicy:
-    """Writes the task's bundled solution and runs the tests: a policy that should score 1."""
-    steps = [format_tool_call("Write", {"file_path": p, "content": c}) for p, c in task.solution.items()]
+def oracle_policy(task: Task, harness: str | None = None) -> ScriptedPolicy:
+    """Writes the task's bundled solution and runs the tests: a policy that should score 1 (in
+    ``claude_code`` it reads a file before overwriting it; in ``codex`` it applies one patch)."""
+    if check_harness(harness) == "codex":
+        test = {"command": ["bash", "-lc", task.test_command]}
+        steps = [format_tool_call("apply_patch", {"input": add_files_patch(task.solution)})]
+        return ScriptedPolicy([*steps, format_tool_call("shell", test), "Done."], "oracle")
+    reads = [p for p in task.solution if p in task.files] if harness == "claude_code" else []
+    steps = [format_tool_call("Read", {"file_path": p}) for p in reads]
+    steps += [format_tool_call("Write", {"file_path": p, "content": c}) for p, c in task.solution.items()]
     return ScriptedPolicy(
         [*steps, format_tool_call("Bash", {"command": task.test_command}), "Done."], "oracle"
     )
@@ -96,66 +116,6 @@ class HFPolicy:
         return self.tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-# --------------------------------------------------------------------------- session log
-class SessionLog:
-    """Writes a Claude Code session JSONL (one record per content block, chained by ``parentUuid``)."""
-
-    def __init__(self, path: Path, *, cwd: str = "/workspace", session_id: str | None = None) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.unlink(missing_ok=True)  # a partial log from an interrupted attempt is redone, not appended to
-        self.path, self.cwd = path, cwd
-        self.session_id = session_id or str(uuid.uuid4())
-        self._out = JsonlAppender(path, fsync=False)
-        self._parent: str | None = None
-
-    def _write(self, rtype: str, message: dict[str, Any], **extra: Any) -> str:
-        rid = str(uuid.uuid4())
-        self._out.write(
-            {
-                "type": rtype,
-                "uuid": rid,
-                "parentUuid": self._parent,
-                "isSidechain": False,
-                "userType": "external",
-                "entrypoint": "composer-replication-rollout",
-                "sessionId": self.session_id,
-                "cwd": self.cwd,
-                "version": "composer-replication",
-                "timestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z",
-                "message": message,
-                **extra,
-            }
-        )
-        self._parent = rid
-        return rid
-
-    def user(self, text: str) -> None:
-        self._write("user", {"role": "user", "content": text})
-
-    def assistant(self, blocks: list[dict[str, Any]], model: str) -> None:
-        msg_id, n = f"msg_{uuid.uuid4().hex[:24]}", len(blocks)
-        stop = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
-        for i, block in enumerate(blocks):
-            last = i == n - 1
-            message: dict[str, Any] = {
-                "id": msg_id,
-                "type": "message",
-                "role": "assistant",
-                "model": model,
-                "content": [block],
-            }
-            message |= {"stop_reason": stop if last else None, "stop_sequence": None}
-            message["usage"] = {"input_tokens": 0, "output_tokens": 0}
-            self._write("assistant", message, requestId=f"req_{msg_id[4:]}")
-
-    def tool_result(self, tool_use_id: str, content: str, is_error: bool, tool_use_result: Any) -> None:
-        block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": content, "is_error": is_error}
-        self._write("user", {"role": "user", "content": [block]}, toolUseResult=tool_use_result)
-
-    def close(self) -> None:
-        self._out.close()
-
-
 # --------------------------------------------------------------------------- rollouts
 @dataclass
 class RolloutResult:
@@ -171,6 +131,9 @@ class RolloutResult:
     duration_s: float = 0.0
     protected_touched: list[str] = field(default_factory=list)  # protected paths the agent touched
     reward_hack: bool = False  # it touched one: a reward-hack attempt (scored 0 under on_protected="zero")
+    harness: str | None = None  # datagen.harness: None (four sandbox tools), "claude_code", "codex"
+    end_reason: str = ""  # harness.END_REASONS: "done", "max_turns", "max_tokens", "max_wall_s"
+    tokens: int = 0  # tokens the policy generated (its own count when it reports one, else estimated)
 
 
 def score_in_sandbox(
@@ -195,11 +158,11 @@ def _record_verdict(result: RolloutResult, verdict: Verdict) -> None:
     result.protected_touched, result.reward_hack = verdict.protected_touched, verdict.hacked
 
 
-def _split_blocks(text: str, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _split_blocks(text: str, calls: list[dict[str, Any]], id_prefix: str = "toolu_") -> list[dict[str, Any]]:
     prose = wire.parse_action(text).text
     blocks: list[dict[str, Any]] = [{"type": "text", "text": prose}] if prose or not calls else []
     for c in calls:
-        tool_id = f"toolu_{uuid.uuid4().hex[:24]}"
+        tool_id = f"{id_prefix}{uuid.uuid4().hex[:24]}"
         blocks.append({"type": "tool_use", "id": tool_id, "name": c["name"], "input": c["input"]})
     return blocks
 
@@ -216,17 +179,26 @@ def run_rollout(
     kill_switch: KillSwitch | None = None,
     stop: Callable[[], str | None] | None = None,
     on_protected: OnProtected = "zero",
+    harness: str | None = None,
+    max_tokens: int | None = None,
+    max_wall_s: float | None = None,
 ) -> RolloutResult:
-    """One episode of ``task`` under ``policy``, scored by the verifier (``on_protected``: its policy).
-
-    Raises `KillSwitchTriggered` when ``stop``/``kill_switch`` fires."""
+    """One episode of ``task`` under ``policy`` in ``harness`` (`datagen.harness`), until the policy
+    answers without a tool call or a limit (``max_turns``, ``max_tokens`` generated, ``max_wall_s``)
+    ends it; scored by the verifier (``on_protected``: its policy). Raises `KillSwitchTriggered` when
+    ``stop``/``kill_switch`` fires."""
     rollout_id = check_name(rollout_id or f"{task.name}-{uuid.uuid4().hex[:8]}", "rollout id")
     stop = stop or kill_switch
     model = getattr(policy, "model_name", None) or getattr(policy, "model", "policy")
-    log = SessionLog(path_inside(log_dir, rollout_id, ".jsonl")) if log_dir is not None else None
-    opening = task_prompt(task)
+    budget = Budget(max_turns, max_tokens, max_wall_s)
+    codex = log_format(harness) == "codex"
+    log: SessionLog | CodexRolloutLog | None = None
+    if log_dir is not None:
+        log = (CodexRolloutLog if codex else SessionLog)(path_inside(log_dir, rollout_id, ".jsonl"))
+    opening = task_prompt(task, harness)
     system, turns = opening[0]["content"], [{"role": "user", "content": opening[1]["content"]}]
     result = RolloutResult(rollout_id, task.name, "ok", None, session_log=str(log.path) if log else None)
+    result.harness = harness
     t0 = time.monotonic()
     if log:
         log.user(turns[0]["content"])  # what the model saw, so the ingested log renders the same prompt
@@ -235,20 +207,25 @@ def run_rollout(
         with factory() as sb:
             for path, content in task.files.items():
                 sb.put(path, content)
-            for _ in range(max_turns):
+            toolset, budget.t0 = make_toolset(harness, sb), time.monotonic()
+            while (end := budget.stop_reason()) is None:
                 if stop is not None and (reason := stop()) is not None:
                     raise KillSwitchTriggered(reason)
                 text = policy(wire.turns_to_messages(turns, system)[0])
                 calls = parse_tool_calls(text)
-                blocks = _split_blocks(text, calls)
-                result.turns += 1
+                blocks = _split_blocks(text, calls, "call_" if codex else "toolu_")
+                budget.spend(n_out := output_tokens(policy, text))
+                result.turns, result.tokens = budget.turns, budget.tokens
                 if log:
-                    log.assistant(blocks, str(model))
+                    log.assistant(blocks, str(model), {"output_tokens": n_out})
                 turns.append({"role": "assistant", "content": text})
                 if not calls:
+                    end = "done"
                     break
                 for block in (b for b in blocks if b["type"] == "tool_use"):
-                    outcome = run_tool(sb, block["name"], block["input"], timeout=tool_timeout)
+                    outcome = toolset.call(
+                        block["name"], block["input"], timeout=budget.tool_timeout(tool_timeout)
+                    )
                     for v in outcome.violations:
                         result.violations.append(v)
                         if kill_switch is not None:
@@ -261,6 +238,9 @@ def run_rollout(
                     turns.append(
                         {"role": "tool", "name": block["name"], "content": outcome.content, "tool_error": err}
                     )
+            result.end_reason = end
+            if log:
+                log.end(end)
             _record_verdict(result, verify(task, sb, sandbox=factory, stop=stop, on_protected=on_protected))
     except SandboxError as e:
         result.status, result.reward, result.error = "infra_error", None, f"{type(e).__name__}: {e}"
@@ -323,6 +303,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox", choices=["bwrap", "docker", "podman"], default=None)
     p.add_argument("--stop-file", default=None, help="stop (exit 3) when this file exists")
     p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument("--harness", choices=["claude_code", "codex"], default=None, help="tools and log format")
+    p.add_argument(
+        "--max-tokens", type=int, default=None, help="end a rollout after this many generated tokens"
+    )
+    p.add_argument("--max-wall-s", type=float, default=None, help="end a rollout after this many seconds")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -333,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown task(s) {sorted(unknown)}; bundled: {sorted(available)}")
     tasks = [available[n] for n in (args.tasks or sorted(available))]
     if args.policy == "oracle":
-        policy_for: Callable[[Task], Policy] = oracle_policy
+        policy_for: Callable[[Task], Policy] = lambda task: oracle_policy(task, args.harness)  # noqa: E731
     else:
         from composer_replication.models import load_model_and_tokenizer
 
@@ -347,10 +332,13 @@ def run(args: argparse.Namespace) -> int:
             out,
             kill_switch=switch,
             max_turns=args.max_turns,
+            harness=args.harness,
+            max_tokens=args.max_tokens,
+            max_wall_s=args.max_wall_s,
             sandbox_factory=lambda: make_sandbox(args.sandbox),
         )
     for r in results:
-        line = {"rollout_id": r.rollout_id, "status": r.status, "reward": r.reward}
+        line = {"rollout_id": r.rollout_id, "status": r.status, "reward": r.reward, "end": r.end_reason}
         print(json.dumps(line | {"reward_hack": r.reward_hack}))
     hacks = sum(r.reward_hack for r in results)
     print(f"{len(results)} rollouts, reward_hack_attempts={hacks}", file=sys.stderr)

@@ -9,10 +9,11 @@ format the model is trained on from ingested sessions and evaluated in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from composer_replication import wire
+from composer_replication.datagen.harness_base import ToolOutcome
+from composer_replication.datagen.harness_claude import SANDBOX_TOOLS, ClaudeCodeTools
 from composer_replication.datagen.sandbox import Sandbox, SandboxError
 
 TOOL_SCHEMAS: list[dict[str, Any]] = [
@@ -49,16 +50,6 @@ _ALIASES = {
 }
 
 
-@dataclass
-class ToolOutcome:
-    """What a tool returned: the text the model sees, whether it is an error, and Claude Code's ``toolUseResult``."""
-
-    content: str
-    is_error: bool
-    tool_use_result: Any
-    violations: list[str] = field(default_factory=list)
-
-
 def parse_tool_calls(text: str) -> list[dict[str, Any]]:
     """``[{"name", "input"}]`` from the action's tool lines (``wire.tool_calls``), tool names normalised
     (``bash`` -> ``Bash``); a malformed line becomes ``{"name": "_invalid"}``."""
@@ -70,47 +61,19 @@ def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
     return wire.format_tool_use(name, arguments)
 
 
-def _rel(sb: Sandbox, path: str) -> str:
-    prefix = sb.workdir.rstrip("/") + "/"
-    return path[len(prefix) :] if path.startswith(prefix) else path
-
-
-def _error(msg: str) -> ToolOutcome:
-    return ToolOutcome(f"<tool_use_error>Error: {msg}</tool_use_error>", True, f"Error: {msg}")
-
-
 def run_tool(sb: Sandbox, name: str, args: dict[str, Any], *, timeout: float = 30.0) -> ToolOutcome:
-    """Execute one tool call. Agent mistakes become tool errors; `SandboxError` (infra) propagates."""
-    try:
-        if name == "Bash":
-            r = sb.exec(str(args["command"]), timeout=timeout)
-            text = r.output + ("\n[killed: timeout]" if r.timed_out else "")
-            # Like Claude Code, a non-zero exit is visible in the output (and flagged as an error here).
-            result = {"stdout": r.output, "stderr": "", "interrupted": r.timed_out, "isImage": False}
-            return ToolOutcome(text, not r.ok, result, list(r.violations))
-        if name == "Read":
-            data = sb.get(_rel(sb, str(args["file_path"]))).decode("utf-8", errors="replace")
-            numbered = "\n".join(f"{i:6d}\t{line}" for i, line in enumerate(data.splitlines(), 1))
-            info = {"filePath": args["file_path"], "content": data, "numLines": data.count("\n") + 1}
-            return ToolOutcome(numbered, False, {"type": "text", "file": info})
-        if name == "Write":
-            sb.put(_rel(sb, str(args["file_path"])), str(args["content"]))
-            return ToolOutcome(f"File written: {args['file_path']}", False, {"type": "create", **args})
-        if name == "Edit":
-            path = _rel(sb, str(args["file_path"]))
-            old, new = str(args["old_string"]), str(args["new_string"])
-            text = sb.get(path).decode("utf-8")
-            count = text.count(old)
-            if count != 1 or not old:
-                return _error(f"old_string found {count} times in {args['file_path']} (must be exactly once)")
-            sb.put(path, text.replace(old, new, 1))
-            return ToolOutcome(f"Edited {args['file_path']}", False, {"oldString": old, "newString": new})
-        if name == "_invalid":
-            return _error(f"malformed tool call: {args.get('error')}")
-        return _error(f"unknown tool {name!r}; available: Bash, Read, Write, Edit")
-    except SandboxError:
-        raise
-    except KeyError as e:
-        return _error(f"{name}: missing argument {e}")
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        return _error(f"{name}: {e}")
+    """Execute one call to the sandbox's four tools, statelessly: `harness_claude.ClaudeCodeTools`
+    (Claude Code's result texts and records) without read-before-edit. Agent mistakes become tool
+    errors; `SandboxError` (an infrastructure failure) propagates."""
+    return ClaudeCodeTools(sb, tools=SANDBOX_TOOLS, require_read=False).call(name, args, timeout=timeout)
+
+
+__all__ = [
+    "TOOL_SCHEMAS",
+    "Sandbox",
+    "SandboxError",
+    "ToolOutcome",
+    "format_tool_call",
+    "parse_tool_calls",
+    "run_tool",
+]

@@ -165,7 +165,8 @@ class CodexIngester(SessionIngester):
             text = text_of(raw)
             structured = None
         it: dict[str, Any] = {"t": "r", "id": str(p.get("call_id") or ""), "tx": self.redactor.redact(text)}
-        return mark_failure(it, text, is_error_flag=False, structured=structured)
+        flagged = structured is None and text.startswith(_ERROR_PREFIXES)
+        return mark_failure(it, text, is_error_flag=flagged, structured=structured)
 
     # -- phase 2: items -> one conversation -----------------------------------------------------------------
 
@@ -264,6 +265,14 @@ class CodexIngester(SessionIngester):
         return ev
 
 
+# What Codex answers a call that failed before running (no exit code to read): a patch that does not
+# parse or fit, a path it refuses, an unknown tool, arguments that do not parse.
+_ERROR_PREFIXES = (
+    "apply_patch verification failed",
+    "patch rejected:",
+    "unsupported call:",
+    "failed to parse function arguments",
+)
 _TOKEN_KEYS = (
     "input_tokens",
     "cached_input_tokens",
