@@ -96,3 +96,19 @@ def test_trainer_without_trl_names_the_extra():
         'MissingExtraError ComposerReplicationTrainer needs trl: pip install "composer-replication[trl]"',
         'MissingExtraError make_po_config needs trl: pip install "composer-replication[trl]"',
     ]
+
+
+def test_lazy_exports_reads_like_imports_and_refuses_a_name_twice():
+    from composer_replication._extras import lazy_attr, lazy_exports
+
+    table = lazy_exports({"composer_replication._io": ("atomic_write_json",), "json": ("dumps", "loads")})
+    assert table == {"atomic_write_json": "composer_replication._io", "dumps": "json", "loads": "json"}
+    namespace = {"__name__": "pkg"}
+    from composer_replication._io import atomic_write_json
+
+    assert lazy_attr(namespace, table, "atomic_write_json") is atomic_write_json
+    assert namespace["atomic_write_json"] is atomic_write_json  # cached: the next access skips __getattr__
+    with pytest.raises(ValueError, match="'dumps' is exported from both 'json' and 'simplejson'"):
+        lazy_exports({"json": ("dumps",), "simplejson": ("dumps",)})
+    with pytest.raises(AttributeError, match="module 'pkg' has no attribute 'nope'"):
+        lazy_attr(namespace, table, "nope")

@@ -6,51 +6,40 @@ never imports trl, httpx, torchft, data_juicer or a cloud SDK; a test checks ``s
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from composer_replication._extras import is_available
+from composer_replication._extras import is_available, lazy_attr, lazy_exports
 
 __version__ = "0.1.0"
 
 # True iff torchft is importable. Checked without importing it (torchft pulls in torch.distributed).
 _DILOCO_AVAILABLE: bool = is_available("torchft")
 
-_EXPORTS: dict[str, str] = {
-    "compose_loss": "composer_replication.loss",
-    "LossComponents": "composer_replication.loss",
-    "build_batch": "composer_replication.batch",
-    "generalized_jsd_loss": "composer_replication.opsd",
-    "ClaudeCodeIngester": "composer_replication.ingestion.claude_code",
-    "IngestionStats": "composer_replication.ingestion.claude_code",
-    "SYSTEM_PROMPT": "composer_replication.ingestion.claude_code",
-    "DEFAULT_TEACHERS": "composer_replication.teacher_replay",
-    "DPOPair": "composer_replication.teacher_replay",
-    "TeacherCallResult": "composer_replication.teacher_replay",
-    "TeacherSpec": "composer_replication.teacher_replay",
-    "TraceState": "composer_replication.teacher_replay",
-    "extract_dpo_pairs": "composer_replication.teacher_replay",
-    "replay_trace": "composer_replication.teacher_replay",
-    "ComposerReplicationTrainer": "composer_replication.trainer",
-    "make_dr_grpo_config": "composer_replication.trainer",
-    "make_po_config": "composer_replication.trainer",
-    "PO_OBJECTIVES": "composer_replication.trainer",
-    "make_diloco_outer_loop": "composer_replication.diloco",
-}
+_EXPORTS = lazy_exports(
+    {
+        "composer_replication.loss": ("compose_loss", "LossComponents"),
+        "composer_replication.batch": ("build_batch",),
+        "composer_replication.opsd": ("generalized_jsd_loss",),
+        "composer_replication.ingestion.claude_code": ("ClaudeCodeIngester", "IngestionStats", "SYSTEM_PROMPT"),
+        "composer_replication.teacher_replay": (
+            "DEFAULT_TEACHERS", "DPOPair", "TeacherCallResult", "TeacherSpec", "TraceState", "extract_dpo_pairs",
+            "replay_trace",
+        ),
+        "composer_replication.trainer": (
+            "ComposerReplicationTrainer", "make_dr_grpo_config", "make_po_config", "PO_OBJECTIVES"
+        ),
+        "composer_replication.diloco": ("make_diloco_outer_loop",),
+    }
+)  # fmt: skip
 
 __all__ = ["__version__", "_DILOCO_AVAILABLE", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'composer_replication' has no attribute {name!r}")
     if name == "make_diloco_outer_loop" and not _DILOCO_AVAILABLE:
-        value = None
-    else:
-        value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+        globals()[name] = None  # the spec's value without torchft (§1)
+        return None
+    return lazy_attr(globals(), _EXPORTS, name)
 
 
 def __dir__() -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 # extra (as in pyproject.toml) -> the top-level modules it installs that the code imports.
@@ -66,6 +66,18 @@ def require(extra: str, *modules: str, purpose: str | None = None) -> None:
     for module in modules or EXTRAS[extra]:
         if not is_available(module):
             raise MissingExtraError(extra, module, purpose)
+
+
+def lazy_exports(groups: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """A package's lazy export table, written as its imports read (``{module: (name, ...)}``), as the
+    ``{name: module}`` lookup that :func:`lazy_attr` takes; a name listed twice is an error."""
+    table: dict[str, str] = {}
+    for module, names in groups.items():
+        for name in names:
+            if name in table:
+                raise ValueError(f"{name!r} is exported from both {table[name]!r} and {module!r}")
+            table[name] = module
+    return table
 
 
 def lazy_attr(namespace: dict[str, Any], exports: Mapping[str, str], name: str, *, cache: bool = True) -> Any:

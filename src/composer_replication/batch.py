@@ -155,10 +155,16 @@ def build_batch(
         raise ValueError(
             "the tokenizer has no chat_template; set tokenizer.chat_template (e.g. a ChatML template)"
         )
-    pad = pad_id(tokenizer)
     rng = random.Random(seed)
     rows = [_SCENARIOS[variant](rng) for _ in range(batch_size)]
+    batch = {k: v.to(device) for k, v in _stack(tokenizer, rows, align_sdpo_shapes).items()}
+    batch.update(_ref_logprobs(batch, ref_model, batch_size, device))
+    return batch
 
+
+def _stack(tokenizer: Any, rows: list[dict[str, Any]], align_sdpo_shapes: bool) -> dict[str, torch.Tensor]:
+    """The scenario rows encoded and padded: student and hinted teacher (the very same recovery token
+    ids; left-padded to one length with ``align_sdpo_shapes``), chosen and rejected."""
     student, teacher, chosen, rejected = [], [], [], []
     for row in rows:
         prompt, response = _encode(tokenizer, row["context"], row["recovery"])
@@ -169,12 +175,13 @@ def build_batch(
         chosen.append(_encode(tokenizer, row["pair_state"], row["chosen"]))
         rejected.append(_encode(tokenizer, row["pair_state"], row["rejected"]))
 
+    pad = pad_id(tokenizer)
     common = max(len(p) + len(r) for p, r in student + teacher) if align_sdpo_shapes else None
     ids, resp, attn = stack_prompt_response(student, pad, length=common, left=align_sdpo_shapes)
     t_ids, t_resp, t_attn = stack_prompt_response(teacher, pad, length=common, left=align_sdpo_shapes)
     c_ids, c_resp, c_attn = stack_prompt_response(chosen, pad)
     r_ids, r_resp, r_attn = stack_prompt_response(rejected, pad)
-    batch = {
+    return {
         "input_ids": ids,
         "response_mask": resp,
         "attention_mask": attn,
@@ -188,19 +195,25 @@ def build_batch(
         "dpo_rejected_response_mask": r_resp,
         "dpo_rejected_attention_mask": r_attn,
     }
-    batch = {k: v.to(device) for k, v in batch.items()}
+
+
+def _ref_logprobs(
+    batch: dict[str, torch.Tensor], ref_model: Any | None, batch_size: int, device: torch.device | str
+) -> dict[str, torch.Tensor]:
+    """``dpo_{chosen,rejected}_ref_logprobs``: the reference model's summed response log-probs, or
+    zeros without one."""
     if ref_model is None:
         zeros = torch.zeros(batch_size, dtype=torch.float32, device=device)
-        batch["dpo_chosen_ref_logprobs"], batch["dpo_rejected_ref_logprobs"] = zeros, zeros.clone()
-    else:
-        from composer_replication.loss import sequence_logprobs
+        return {"dpo_chosen_ref_logprobs": zeros, "dpo_rejected_ref_logprobs": zeros.clone()}
+    from composer_replication.loss import sequence_logprobs
 
-        with torch.no_grad():
-            for side in ("chosen", "rejected"):
-                batch[f"dpo_{side}_ref_logprobs"] = sequence_logprobs(
-                    ref_model,
-                    batch[f"dpo_{side}_input_ids"],
-                    batch[f"dpo_{side}_response_mask"],
-                    attention_mask=batch[f"dpo_{side}_attention_mask"],
-                ).float()
-    return batch
+    with torch.no_grad():
+        return {
+            f"dpo_{side}_ref_logprobs": sequence_logprobs(
+                ref_model,
+                batch[f"dpo_{side}_input_ids"],
+                batch[f"dpo_{side}_response_mask"],
+                attention_mask=batch[f"dpo_{side}_attention_mask"],
+            ).float()
+            for side in ("chosen", "rejected")
+        }

@@ -12,6 +12,7 @@ arguments ``compose_loss`` and ``ComposerReplicationTrainer`` take, derived from
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
@@ -202,6 +203,26 @@ _PREFERENCE_KEYS = {"dpo_beta": ("dpo", "beta", DPO_BETA), "simpo_beta": ("simpo
                     "simpo_gamma": ("simpo", "gamma", SIMPO_GAMMA)}  # fmt: skip
 
 
+def _typed(
+    v: dict[str, Any], old: str, default: str, rename: Callable[[Any], Any] = lambda x: x
+) -> tuple[dict[str, Any], str]:
+    """A copy of the section with its variant under ``type`` (from the ``old`` key, through ``rename``,
+    or ``default``), and that variant; both keys at once is an error."""
+    v = dict(v)
+    if old in v:
+        if "type" in v:
+            raise ValueError(f"set `type` only (`{old}` is its old name)")
+        v["type"] = rename(v.pop(old))
+    return v, v.setdefault("type", default)
+
+
+def _wrapper_type(w: Any) -> str:
+    """The SDPO ``type`` an old ``wrapper`` value names."""
+    if w not in ("none", "taid", "entropy_opd"):
+        raise ValueError(f"wrapper {w!r}: use type: gjsd, taid or entropy_opd (`wrapper` is its old name)")
+    return {"none": "gjsd"}.get(w, w)
+
+
 def _legacy_sdpo(v: Any) -> Any:
     """``{wrapper: taid, taid: {...}, entropy_opd_h_max: ...}`` (before the union) -> ``{type: ..., ...}``.
 
@@ -210,17 +231,7 @@ def _legacy_sdpo(v: Any) -> Any:
     """
     if not isinstance(v, dict):
         return v
-    v = dict(v)
-    if "wrapper" in v:
-        if "type" in v:
-            raise ValueError("set `type` only (`wrapper` is its old name)")
-        w = v.pop("wrapper")
-        if w not in ("none", "taid", "entropy_opd"):
-            raise ValueError(
-                f"wrapper {w!r}: use type: gjsd, taid or entropy_opd (`wrapper` is its old name)"
-            )
-        v["type"] = {"none": "gjsd"}.get(w, w)
-    kind = v.setdefault("type", "gjsd")
+    v, kind = _typed(v, "wrapper", "gjsd", _wrapper_type)
     taid = v.pop("taid", None)
     if kind == "taid" and isinstance(taid, dict):
         v = {**taid, **v}
@@ -241,12 +252,7 @@ def _legacy_preference(v: Any) -> Any:
     another variant's knobs are dropped at their defaults and an error naming the new key otherwise."""
     if not isinstance(v, dict):
         return v
-    v = dict(v)
-    if "variant" in v:
-        if "type" in v:
-            raise ValueError("set `type` only (`variant` is its old name)")
-        v["type"] = v.pop("variant")
-    kind = v.setdefault("type", "dpo")
+    v, kind = _typed(v, "variant", "dpo")
     for old, (variant, new, default) in _PREFERENCE_KEYS.items():
         if old not in v:
             continue

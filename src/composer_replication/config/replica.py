@@ -28,6 +28,7 @@ __all__ = [
     "ReplicaTorchftConfig",
     "LocalStoreConfig",
     "S3StoreConfig",
+    "StoreConfig",
     "parse_replica_config",
     "load_replica_config",
 ]

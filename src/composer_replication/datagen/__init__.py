@@ -8,33 +8,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from composer_replication._extras import lazy_attr
+from composer_replication._extras import lazy_attr, lazy_exports
 
-_EXPORTS = {
-    "Sandbox": "sandbox",
-    "ExecResult": "sandbox",
-    "SandboxError": "sandbox",
-    "SandboxLimits": "sandbox",
-    "make_sandbox": "sandbox",
-    "BwrapSandbox": "bwrap_sandbox",
-    "DockerSandbox": "docker_sandbox",
-    "Task": "tasks",
-    "bundled_tasks": "tasks",
-    "load_task": "tasks",
-    "load_tasks": "tasks",
-    "TaskFileError": "tasks",
-    "check_name": "tasks",
-    "check_command": "policy",
-    "ensure_image": "docker_image",
-    "run_rollout": "rollout",
-    "run_rollouts": "rollout",
-    "RolloutResult": "rollout",
-    "ScriptedPolicy": "rollout",
-    "HFPolicy": "rollout",
-    "oracle_policy": "rollout",
-    "SandboxCodingEnv": "env",
-    "make_test_reward": "env",
-}
+_EXPORTS = lazy_exports(
+    {
+        "sandbox": ("Sandbox", "ExecResult", "SandboxError", "SandboxLimits", "make_sandbox"),
+        "bwrap_sandbox": ("BwrapSandbox",),
+        "docker_sandbox": ("DockerSandbox",),
+        "tasks": ("Task", "bundled_tasks", "load_task", "load_tasks", "TaskFileError", "check_name"),
+        "policy": ("check_command",),
+        "docker_image": ("ensure_image",),
+        "rollout": (
+            "run_rollout",
+            "run_rollouts",
+            "RolloutResult",
+            "ScriptedPolicy",
+            "HFPolicy",
+            "oracle_policy",
+        ),
+        "env": ("SandboxCodingEnv", "make_test_reward"),
+    }
+)
 __all__ = list(_EXPORTS)
 
 

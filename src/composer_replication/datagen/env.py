@@ -171,6 +171,13 @@ class SandboxCodingEnv:
             self._sb = None
 
 
+def completion_text(completion: str | list[dict[str, Any]]) -> str:
+    """A GRPO completion as text: the string itself, or its messages' contents joined."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m.get("content") or "" for m in completion)
+
+
 def make_test_reward(
     tasks: Mapping[str, Task] | None = None,
     *,
@@ -189,11 +196,7 @@ def make_test_reward(
     def sandbox_tests_reward(completions: list[Any], task: list[str], **_: Any) -> list[float | None]:
         rewards: list[float | None] = []
         for completion, name in zip(completions, task, strict=True):
-            text = (
-                completion
-                if isinstance(completion, str)
-                else "".join(m.get("content") or "" for m in completion)
-            )
+            text = completion_text(completion)
             t = tasks[name]
             try:
                 with factory() as sb:

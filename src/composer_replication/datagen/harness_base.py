@@ -11,13 +11,22 @@ import base64
 import errno
 import json
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from composer_replication.datagen.sandbox import Sandbox, SandboxError
 from composer_replication.tool_schemas import input_problems
 
-__all__ = ["HelperError", "ToolOutcome", "arg_problems", "read_file", "run_helper", "workspace_relpath"]
+__all__ = [
+    "HelperError",
+    "ToolOutcome",
+    "arg_problems",
+    "read_file",
+    "refusal",
+    "run_helper",
+    "workspace_relpath",
+]
 
 
 @dataclass
@@ -73,6 +82,21 @@ def arg_problems(schema: dict[str, Any] | None, args: Any) -> list[str]:
         return []
     name = schema["function"]["name"]
     return [p.removeprefix(f"{name}: ") for p in input_problems(schema, args)]
+
+
+def refusal(
+    name: str, args: Any, tools: Sequence[str], schemas: Mapping[str, dict[str, Any]]
+) -> tuple[str, Any] | None:
+    """Why a tool call may not run, checked in the order every harness checks (each words it its own way):
+    ``("invalid", error)`` for model output that did not parse into a call (the ``_invalid`` pseudo-tool),
+    ``("unknown", name)`` for a tool not on offer, ``("args", problems)`` for arguments that break the
+    tool's schema; None when it may run."""
+    if name == "_invalid":
+        return "invalid", args.get("error")
+    if name not in tools:
+        return "unknown", name
+    problems = arg_problems(schemas.get(name), args)
+    return ("args", problems) if problems else None
 
 
 def run_helper(

@@ -32,8 +32,8 @@ from composer_replication.datagen import harness_search
 from composer_replication.datagen.harness_base import (
     HelperError,
     ToolOutcome,
-    arg_problems,
     read_file,
+    refusal,
     workspace_relpath,
 )
 from composer_replication.datagen.sandbox import Sandbox, SandboxError
@@ -78,6 +78,16 @@ def structured_patch(old: str, new: str, context: int = 3) -> list[dict[str, Any
     return hunks
 
 
+def _refusal_text(name: str, kind: str, detail: Any) -> str:
+    """Claude Code's words for a `harness_base.refusal`."""
+    if kind == "invalid":
+        return f"InputValidationError: malformed tool call: {detail}"
+    if kind == "unknown":
+        return f"No such tool available: {name}"
+    s = "s" if len(detail) > 1 else ""
+    return f"InputValidationError: {name} failed due to the following issue{s}:\n" + "\n".join(detail)
+
+
 def _clip(s: str) -> str:
     return s if len(s) <= 50 else s[:50] + "..."
 
@@ -112,16 +122,9 @@ class ClaudeCodeTools:
     def call(self, name: str, args: Any, *, timeout: float = 120.0) -> ToolOutcome:
         """Run one tool call; ``timeout`` caps any command's wall clock. Agent mistakes become tool
         errors; `SandboxError` (an infrastructure failure) propagates."""
-        if name == "_invalid":
-            return _error(f"InputValidationError: malformed tool call: {args.get('error')}")
-        if name not in self.tools:
-            return _error(f"No such tool available: {name}")
-        problems = arg_problems(CLAUDE_CODE_TOOLS.get(name), args)
-        if problems:
-            s = "s" if len(problems) > 1 else ""
-            return _error(
-                f"InputValidationError: {name} failed due to the following issue{s}:\n" + "\n".join(problems)
-            )
+        refused = refusal(name, args, self.tools, CLAUDE_CODE_TOOLS)
+        if refused is not None:
+            return _error(_refusal_text(name, *refused))
         try:
             if name in ("Grep", "Glob", "LS"):
                 return harness_search.run(self.sb, name, args, root=self.root, timeout=timeout)

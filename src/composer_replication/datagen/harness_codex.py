@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from composer_replication.datagen import apply_patch as ap
-from composer_replication.datagen.harness_base import ToolOutcome, arg_problems, read_file, workspace_relpath
+from composer_replication.datagen.harness_base import ToolOutcome, read_file, refusal, workspace_relpath
 from composer_replication.datagen.sandbox import Sandbox, SandboxError
 from composer_replication.tool_schemas import CODEX_TOOLS
 
@@ -82,6 +82,13 @@ def _exec_output(output: str, exit_code: int, duration: float) -> str:
     return json.dumps({"output": output, "metadata": meta}, ensure_ascii=False, separators=(",", ":"))
 
 
+def _refusal_text(name: str, kind: str, detail: Any) -> str:
+    """Codex's words for a `harness_base.refusal`."""
+    if kind == "unknown":
+        return f"unsupported call: {name}"
+    return f"failed to parse function arguments: {detail if kind == 'invalid' else '; '.join(detail)}"
+
+
 def _plain(text: str) -> ToolOutcome:
     return ToolOutcome(text, True, {"output": text})
 
@@ -100,13 +107,9 @@ class CodexTools:
 
     def call(self, name: str, args: Any, *, timeout: float = 600.0) -> ToolOutcome:
         """Run one call; ``timeout`` (s) caps a command's own ``timeout_ms``. `SandboxError` propagates."""
-        if name == "_invalid":
-            return _plain(f"failed to parse function arguments: {args.get('error')}")
-        if name not in self.tools:
-            return _plain(f"unsupported call: {name}")
-        problems = arg_problems(CODEX_TOOLS.get(name), args)
-        if problems:
-            return _plain("failed to parse function arguments: " + "; ".join(problems))
+        refused = refusal(name, args, self.tools, CODEX_TOOLS)
+        if refused is not None:
+            return _plain(_refusal_text(name, *refused))
         if name == "shell":
             return self._shell(args, timeout)
         if name == "apply_patch":

@@ -1,25 +1,5 @@
-"""The replica config's former path: the schema and its loader live in ``composer_replication.config.replica``."""
+"""The replica config's former path: it re-exports ``composer_replication.config.replica`` whole (the
+schema and its loader live there)."""
 
-from composer_replication.config.replica import (
-    LocalStoreConfig,
-    ReplicaConfig,
-    ReplicaDataConfig,
-    ReplicaModelConfig,
-    ReplicaTorchftConfig,
-    S3StoreConfig,
-    StoreConfig,
-    load_replica_config,
-    parse_replica_config,
-)
-
-__all__ = [
-    "LocalStoreConfig",
-    "ReplicaConfig",
-    "ReplicaDataConfig",
-    "ReplicaModelConfig",
-    "ReplicaTorchftConfig",
-    "S3StoreConfig",
-    "StoreConfig",
-    "load_replica_config",
-    "parse_replica_config",
-]
+from composer_replication.config.replica import *  # noqa: F403 - the former path re-exports the module whole
+from composer_replication.config.replica import __all__ as __all__

@@ -7,6 +7,9 @@ torch only.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
+
 import torch
 
 __all__ = [
@@ -21,6 +24,8 @@ __all__ = [
     "per_token_output",
     "reduce_per_token",
     "reduction_denominator",
+    "reference_reduce",
+    "row_plan",
 ]
 
 REDUCTIONS = ("batchmean", "sum", "mean", "none")
@@ -82,6 +87,47 @@ def per_token_output(per_token: torch.Tensor, keep: torch.Tensor | None, lead: t
     if keep is None:
         return per_token
     return per_token.new_zeros(lead).masked_scatter(keep, per_token)
+
+
+def reference_reduce(
+    rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    student: torch.Tensor,
+    teacher: torch.Tensor,
+    keep: torch.Tensor | None,
+    reduction: str,
+    support: int,
+    num_items_in_batch: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A reference engine's per-token pair loss, reduced: ``rows`` sees only the kept ``(N, V)`` rows
+    (``keep`` is the (B, T) mask, None keeps all), so dropped positions never enter the computation;
+    ``"none"`` gives the (B, T) values (0 where dropped), any other reduction :func:`reduce_per_token`."""
+    s, t = (student, teacher) if keep is None else (student[keep], teacher[keep])
+    per_token = rows(s, t)
+    if reduction == "none" and num_items_in_batch is None:
+        return per_token_output(per_token, keep, student.shape[:-1])
+    n_valid = int(keep.sum()) if keep is not None else per_token.numel()
+    return reduce_per_token(per_token, n_valid, support, reduction, num_items_in_batch)
+
+
+def row_plan(
+    keep: torch.Tensor | None,
+    lead: Sequence[int],
+    reduction: str,
+    support: int,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    *,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor | float | None]:
+    """(keep mask over the N rows, divisor) for a chunked or fused engine, reducing as the reference
+    does: ``keep`` is the (B, T) mask of kept tokens (None keeps all), the divisor
+    :func:`reduction_denominator`'s."""
+    N = math.prod(lead)
+    if keep is None:
+        keep_N, n_valid = torch.ones(N, dtype=torch.bool, device=device), N
+    else:
+        keep_N = keep.reshape(N)
+        n_valid = int(keep_N.sum())
+    return keep_N, reduction_denominator(reduction, n_valid, support, num_items_in_batch)
 
 
 def check_reduction(reduction: str) -> None:

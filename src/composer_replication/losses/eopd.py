@@ -36,9 +36,8 @@ from composer_replication.losses.common import (
     check_reduction,
     entropy,
     kl,
-    per_token_output,
-    reduce_per_token,
-    reduction_denominator,
+    reference_reduce,
+    row_plan,
 )
 
 __all__ = [
@@ -89,16 +88,15 @@ def eopd_rows(
     return w * kl(t_lp, s_lp) + (1 - w) * kl(s_lp, t_lp)
 
 
+def _h_max(V: int, h_max: float | None) -> float:
+    """The entropy at which a token is pure forward KL: ``h_max``, or ``log V`` (the maximum)."""
+    return math.log(V) if h_max is None else float(h_max)
+
+
 def plan(labels, lead, V, reduction, h_max, device):
     """(keep mask over the N rows, divisor, h_max) for an engine call, exactly as the reference reduces."""
-    N = math.prod(lead)
-    if labels is None:
-        keep, n_valid = torch.ones(N, dtype=torch.bool, device=device), N
-    else:
-        keep = keep_mask(labels).reshape(N)
-        n_valid = int(keep.sum())
-    hm = math.log(V) if h_max is None else float(h_max)
-    return keep, reduction_denominator(reduction, n_valid, V), hm
+    keep = None if labels is None else keep_mask(labels)
+    return (*row_plan(keep, lead, reduction, V, device=device), _h_max(V, h_max))
 
 
 def entropy_aware_opd_loss(
@@ -127,17 +125,9 @@ def entropy_aware_opd_loss(
     check_pair(student_logits, teacher_logits, labels)
     check_args(reduction, temperature, h_max)
     vocab = student_logits.shape[-1]
-    h_max = math.log(vocab) if h_max is None else float(h_max)
-    s, t = student_logits, teacher_logits
-    keep = None
-    if labels is not None:
-        keep = keep_mask(labels)
-        s, t = s[keep], t[keep]
-    per_token = eopd_rows(s, t, h_max=h_max, temperature=temperature)
-    if reduction == "none":
-        return per_token_output(per_token, keep, student_logits.shape[:-1])
-    n_valid = int(keep.sum()) if keep is not None else per_token.numel()
-    return reduce_per_token(per_token, n_valid, vocab, reduction)
+    rows = functools.partial(eopd_rows, h_max=_h_max(vocab, h_max), temperature=temperature)
+    keep = None if labels is None else keep_mask(labels)
+    return reference_reduce(rows, student_logits, teacher_logits, keep, reduction, vocab)
 
 
 def chunked_entropy_aware_opd_loss(

@@ -39,9 +39,8 @@ from composer_replication.losses.common import (
     check_pair,
     check_reduction,
     kl,
-    per_token_output,
-    reduce_per_token,
-    reduction_denominator,
+    reference_reduce,
+    row_plan,
 )
 
 __all__ = [
@@ -206,17 +205,19 @@ def row_fn(
     return RowFn(rows, functools.partial(gjsd_value_grad, **kw) if closed else None)
 
 
+def _keep(labels: torch.Tensor | None) -> torch.Tensor | None:
+    """The (B, T) mask of the kept tokens: HF labels, ``-100`` = ignore (None keeps all)."""
+    return None if labels is None else labels != -100
+
+
+def _support(V: int, top_k: int | None) -> int:
+    """The entries per token that ``"mean"`` divides by: the vocabulary, or the teacher's ``top_k``."""
+    return V if top_k is None else int(top_k)
+
+
 def plan(lead, V, labels, reduction, top_k, num_items_in_batch, device):
     """(keep mask over the N rows, divisor) for an engine call, exactly as the reference reduces."""
-    N = math.prod(lead)
-    if labels is None:
-        keep = torch.ones(N, dtype=torch.bool, device=device)
-        n_valid = N
-    else:
-        keep = (labels != -100).reshape(N)
-        n_valid = int(keep.sum())
-    support = V if top_k is None else int(top_k)
-    return keep, reduction_denominator(reduction, n_valid, support, num_items_in_batch)
+    return row_plan(_keep(labels), lead, reduction, _support(V, top_k), num_items_in_batch, device=device)
 
 
 # ----------------------------------------------------------------------------- engines
@@ -270,20 +271,14 @@ def generalized_jsd_loss(
     """
     check_pair(student_logits, teacher_logits, labels)
     check_args(beta, temperature, reduction, top_k, token_clip, student_logits.shape[-1])
-    s, t = student_logits, teacher_logits
-    keep = None
-    if labels is not None:
-        keep = labels != -100
-        s, t = s[keep], t[keep]  # (N, V): ignored positions never enter the computation
-    per_token = gjsd_rows(
-        s, t, beta=beta, temperature=temperature, logits_are_probs=logits_are_probs, top_k=top_k,
+    rows = functools.partial(
+        gjsd_rows, beta=beta, temperature=temperature, logits_are_probs=logits_are_probs, top_k=top_k,
         token_clip=token_clip,
     )  # fmt: skip
-    if reduction == "none" and num_items_in_batch is None:
-        return per_token_output(per_token, keep, student_logits.shape[:-1])
-    n_valid = int(keep.sum()) if keep is not None else per_token.numel()
-    support = student_logits.shape[-1] if top_k is None else int(top_k)
-    return reduce_per_token(per_token, n_valid, support, reduction, num_items_in_batch)
+    support = _support(student_logits.shape[-1], top_k)
+    return reference_reduce(
+        rows, student_logits, teacher_logits, _keep(labels), reduction, support, num_items_in_batch
+    )
 
 
 def chunked_generalized_jsd_loss(

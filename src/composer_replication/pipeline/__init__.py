@@ -9,23 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from composer_replication._extras import lazy_attr
+from composer_replication._extras import lazy_attr, lazy_exports
 
-_EXPORTS = {
-    "RunConfig": "config",
-    "load_run_config": "config",
-    "Manifest": "manifest",
-    "Runner": "runner",
-    "Stage": "runner",
-    "RunContext": "runner",
-    "build_stages": "stages",
-    "run_pipeline": "stages",
-    "demo_config": "config",
-    "run_status": "status",
-    "format_status": "status",
-    "write_report": "report",
-    "score_action": "evaluate",
-}
+_EXPORTS = lazy_exports(
+    {
+        "config": ("RunConfig", "load_run_config", "demo_config"),
+        "manifest": ("Manifest",),
+        "runner": ("Runner", "Stage", "RunContext"),
+        "stages": ("build_stages", "run_pipeline"),
+        "status": ("run_status", "format_status"),
+        "report": ("write_report",),
+        "evaluate": ("score_action",),
+    }
+)
 
 __all__ = list(_EXPORTS)
 

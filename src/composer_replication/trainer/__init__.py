@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from composer_replication._extras import lazy_attr
+from composer_replication._extras import lazy_attr, lazy_exports
 
-_LAZY = {
-    "ComposerReplicationTrainer": "composer_replication.trainer.composer_trainer",
-    "make_dr_grpo_config": "composer_replication.trainer.po_objectives",
-    "make_po_config": "composer_replication.trainer.po_objectives",
-    "PO_OBJECTIVES": "composer_replication.trainer.po_objectives",
-    "train_offline": "composer_replication.trainer.offline",
-}
+_LAZY = lazy_exports(
+    {
+        "composer_trainer": ("ComposerReplicationTrainer",),
+        "po_objectives": ("make_dr_grpo_config", "make_po_config", "PO_OBJECTIVES"),
+        "offline": ("train_offline",),
+    }
+)
 
 __all__ = sorted(_LAZY)
 

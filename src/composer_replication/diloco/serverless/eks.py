@@ -28,15 +28,7 @@ import time
 from typing import Any
 
 from composer_replication._extras import require
-from composer_replication.diloco.serverless.executor import (
-    ExecutorBase,
-    Launch,
-    ReplicaHandle,
-    ReplicaResult,
-    finish,
-    results_from_logs,
-    wait_for_states,
-)
+from composer_replication.diloco.serverless.executor import ExecutorBase, Launch, ReplicaHandle, ReplicaResult
 
 __all__ = ["EKSExecutor", "CANCEL_CONDITION", "parse_indexes"]
 
@@ -307,11 +299,8 @@ class EKSExecutor(ExecutorBase):
         self, handles: list[ReplicaHandle], *, timeout: int | None = None, raise_on_failure: bool = False
     ) -> list[ReplicaResult]:
         """Wait until every index has ended; the value is the replica's last JSON log line."""
-        states = wait_for_states(
-            lambda: self._poll_all(handles),
-            timeout=timeout,
-            interval=self.poll_interval_s,
-            what=f"Job {self.namespace}/{self.job_name}",
-        )
-        results = results_from_logs(handles, states, self.stream_logs, reasons=self._reasons)
-        return finish(results, raise_on_failure=raise_on_failure)
+        return self._collect_from_logs(
+            handles, timeout=timeout, raise_on_failure=raise_on_failure, interval=self.poll_interval_s,
+            what=f"Job {self.namespace}/{self.job_name}", poll_all=lambda: self._poll_all(handles),
+            reasons=self._reasons,
+        )  # fmt: skip

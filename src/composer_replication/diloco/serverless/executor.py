@@ -259,7 +259,9 @@ class ExecutorBase(ABC):
     """The protocol's ``describe`` and ``launch_replicas``, written once for every backend.
 
     Both turn their arguments into one :class:`Launch`; a backend implements ``_describe(launch)``
-    (the text ``--dry-run`` prints) and ``_launch(launch)`` (start the replicas, return their handles).
+    (the text ``--dry-run`` prints) and ``_launch(launch)`` (start the replicas, return their handles),
+    ``poll`` and ``stream_logs``; a backend whose replicas report through their logs collects with
+    :meth:`_collect_from_logs`.
     """
 
     backend_name: str
@@ -295,6 +297,32 @@ class ExecutorBase(ABC):
     @abstractmethod
     def _launch(self, launch: Launch) -> list[ReplicaHandle]: ...
 
+    @abstractmethod
+    def poll(self, handle: ReplicaHandle) -> str: ...
+
+    @abstractmethod
+    def stream_logs(self, handle: ReplicaHandle, *, n_lines: int = 200) -> str: ...
+
     def _handles(self, metadata: Iterable[dict[str, Any]]) -> list[ReplicaHandle]:
         """One handle per replica, rank = position, from each replica's backend metadata."""
         return [ReplicaHandle(rank, self.backend_name, meta) for rank, meta in enumerate(metadata)]
+
+    def _collect_from_logs(
+        self,
+        handles: list[ReplicaHandle],
+        *,
+        timeout: float | None,
+        raise_on_failure: bool,
+        interval: float,
+        what: str,
+        poll_all: Callable[[], dict[int, str]] | None = None,
+        reasons: Mapping[int, str] | None = None,
+    ) -> list[ReplicaResult]:
+        """``collect``: poll (``poll_all``, or each handle's ``poll``) until every replica has ended, then
+        read each result from its log (:func:`results_from_logs`) and :func:`finish`."""
+        states = wait_for_states(
+            poll_all or (lambda: {h.rank: self.poll(h) for h in handles}), timeout=timeout, interval=interval,
+            what=what,
+        )  # fmt: skip
+        results = results_from_logs(handles, states, self.stream_logs, reasons=reasons)
+        return finish(results, raise_on_failure=raise_on_failure)

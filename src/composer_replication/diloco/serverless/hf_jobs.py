@@ -18,15 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from composer_replication._extras import require
-from composer_replication.diloco.serverless.executor import (
-    ExecutorBase,
-    Launch,
-    ReplicaHandle,
-    ReplicaResult,
-    finish,
-    results_from_logs,
-    wait_for_states,
-)
+from composer_replication.diloco.serverless.executor import ExecutorBase, Launch, ReplicaHandle, ReplicaResult
 
 __all__ = ["HFJobsExecutor"]
 
@@ -115,7 +107,6 @@ class HFJobsExecutor(ExecutorBase):
         self, handles: list[ReplicaHandle], *, timeout: int | None = None, raise_on_failure: bool = False
     ) -> list[ReplicaResult]:
         """Wait for every Job; the value is the replica's last JSON log line (its ``done`` record)."""
-        states = wait_for_states(
-            lambda: {h.rank: self.poll(h) for h in handles}, timeout=timeout, interval=5, what="HF Jobs"
+        return self._collect_from_logs(
+            handles, timeout=timeout, raise_on_failure=raise_on_failure, interval=5, what="HF Jobs"
         )
-        return finish(results_from_logs(handles, states, self.stream_logs), raise_on_failure=raise_on_failure)

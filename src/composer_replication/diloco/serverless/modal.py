@@ -120,20 +120,25 @@ class ModalExecutor(ExecutorBase):
     def _call(self, handle: ReplicaHandle) -> Any:
         return _modal().FunctionCall.from_id(handle.metadata["call_id"])
 
-    def poll(self, handle: ReplicaHandle) -> str:
+    def _outcome(self, handle: ReplicaHandle, timeout: float | None) -> tuple[str, Any, str | None]:
+        """(state, value, error) of an ended call, waiting at most ``timeout`` s for it (``TimeoutError``
+        while it runs); remembered, so each call's result is fetched once."""
         call_id = handle.metadata["call_id"]
-        if call_id in self._results:
-            return self._results[call_id][0]
+        if call_id not in self._results:
+            try:
+                self._results[call_id] = ("succeeded", self._call(handle).get(timeout=timeout), None)
+            except TimeoutError:
+                raise
+            except Exception as exc:  # the remote raised, or the call was cancelled
+                state = "cancelled" if "cancel" in type(exc).__name__.lower() else "failed"
+                self._results[call_id] = (state, None, f"{type(exc).__name__}: {exc}")
+        return self._results[call_id]
+
+    def poll(self, handle: ReplicaHandle) -> str:
         try:
-            value = self._call(handle).get(timeout=0)
+            return self._outcome(handle, 0)[0]
         except TimeoutError:
             return "running"
-        except Exception as exc:  # the remote raised, or the call was cancelled
-            state = "cancelled" if "cancel" in type(exc).__name__.lower() else "failed"
-            self._results[call_id] = (state, None, f"{type(exc).__name__}: {exc}")
-            return state
-        self._results[call_id] = ("succeeded", value, None)
-        return "succeeded"
 
     def stream_logs(self, handle: ReplicaHandle, *, n_lines: int = 200) -> str:
         state = self.poll(handle)
@@ -153,17 +158,11 @@ class ModalExecutor(ExecutorBase):
         end = None if timeout is None else time.monotonic() + timeout
         out = []
         for h in sorted(handles, key=lambda h: h.rank):
-            call_id = h.metadata["call_id"]
-            if call_id not in self._results:
-                left = None if end is None else max(0.0, end - time.monotonic())
-                try:
-                    self._results[call_id] = ("succeeded", self._call(h).get(timeout=left), None)
-                except TimeoutError:
-                    raise TimeoutError(f"Modal replica {h.rank} still running after {timeout}s") from None
-                except Exception as exc:  # the remote raised, or the call was cancelled
-                    state = "cancelled" if "cancel" in type(exc).__name__.lower() else "failed"
-                    self._results[call_id] = (state, None, f"{type(exc).__name__}: {exc}")
-            state, value, error = self._results[call_id]
+            left = None if end is None else max(0.0, end - time.monotonic())
+            try:
+                state, value, error = self._outcome(h, left)
+            except TimeoutError:
+                raise TimeoutError(f"Modal replica {h.rank} still running after {timeout}s") from None
             out.append(ReplicaResult(rank=h.rank, state=state, value=value, error=error))
         if self._app_ctx is not None:
             self._app_ctx.__exit__(None, None, None)
