@@ -309,7 +309,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """CLI options (``composer-replication rollout`` and ``python3 -m composer_replication.datagen.rollout``)."""
     p.add_argument("--out", required=True, help="output directory (sessions/ and rollouts.jsonl)")
     p.add_argument("--tasks", nargs="*", help="bundled task names (default: all)")
-    p.add_argument("--policy", default="oracle", help="'oracle' or a path to a HF model directory")
+    p.add_argument(
+        "--policy",
+        default="oracle",
+        help="'oracle', a path to a HF model directory, or an OpenAI-compatible endpoint's base URL (http(s)://.../v1)",
+    )
+    p.add_argument(
+        "--endpoint-model", default="default", help="with an endpoint URL: the model name to ask for"
+    )
     p.add_argument("--sandbox", choices=["bwrap", "docker", "podman"], default=None)
     p.add_argument("--stop-file", default=None, help="stop (exit 3) when this file exists")
     p.add_argument("--max-turns", type=int, default=8)
@@ -324,6 +331,14 @@ def run(args: argparse.Namespace) -> int:
     tasks = [available[n] for n in (args.tasks or sorted(available))]
     if args.policy == "oracle":
         policy_for: Callable[[Task], Policy] = oracle_policy
+    elif args.policy.startswith(("http://", "https://")):
+        from composer_replication.teacher_replay.endpoint import OpenAIEndpoint
+        from composer_replication.teacher_replay.keys import resolve_api_key
+
+        endpoint = EndpointPolicy(
+            OpenAIEndpoint(args.policy, args.endpoint_model, api_key=resolve_api_key(None, "OPENAI_API_KEY"))
+        )
+        policy_for = lambda task: endpoint  # noqa: E731
     else:
         from composer_replication.models import load_model_and_tokenizer
 
