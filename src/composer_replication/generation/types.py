@@ -78,18 +78,23 @@ class Completion:
 
 def _server_call_text(call: Any) -> str:
     """One OpenAI ``tool_calls`` entry as the wire format's tool line. Arguments that are not a JSON
-    object stay what they were (a string, a list), so ``wire`` reads the call back as malformed."""
+    object stay what they were (a string, a list), so ``wire`` reads the call back as malformed; a call
+    without a usable name becomes ``_invalid`` with the reason (what ``wire.tool_calls`` does to a
+    tool line it cannot read)."""
     fn = call.get("function") if isinstance(call, dict) else None
-    fn = fn if isinstance(fn, dict) else {}
-    name = fn.get("name")
-    name = name.strip() if isinstance(name, str) and re.fullmatch(r"\s*\S+\s*", name) else "_invalid"
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(fn, dict) or not isinstance(name, str) or not re.fullmatch(r"\s*\S+\s*", name):
+        raw = json.dumps(call, ensure_ascii=False, default=str)[:500]
+        return wire.format_tool_use(
+            "_invalid", {"raw": raw, "error": f"server tool call without a usable name: {raw[:80]}"}
+        )
     args: Any = fn.get("arguments")
     if isinstance(args, str):
         try:
             args = json.loads(args)
         except json.JSONDecodeError:
             pass  # kept as the string: not an object, so wire reports it
-    return wire.format_tool_use(name, args)
+    return wire.format_tool_use(name.strip(), args)
 
 
 def action_text(completion: Completion) -> str:
