@@ -122,3 +122,16 @@ def test_generation_config_filters_and_penalty_are_applied_as_generate_does(benc
     plain = HFPolicy(build_tiny_model(tokenizer=tiny_tokenizer, seed=1, **LIVELY).eval(), tiny_tokenizer,
                      max_new_tokens=24, temperature=0.0)  # fmt: skip
     assert plain(msgs[0]) != HFPolicy(model, tiny_tokenizer, max_new_tokens=24, temperature=0.0)(msgs[0])
+
+
+def test_the_benchmark_runs_and_finds_the_same_tokens(bench, tmp_path):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--model", "tiny", "--max-new-tokens", "6", "--repeats", "2", "--prompts", "2",
+                       "--only", "onpolicy", "rollout", "--out", str(out)]) == 0  # fmt: skip
+    import json
+
+    res = json.loads(out.read_text())["workloads"]
+    assert set(res) == {"onpolicy", "rollout"}
+    for w in res.values():
+        assert w["same_rows"] == w["rows"] == 2 and len(w["wall_ratio_new_over_old"]) == 2
+        assert w["tokens_old"] == w["tokens_new"] > 0
