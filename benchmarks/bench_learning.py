@@ -206,7 +206,7 @@ def sandbox_metrics(model: Any, tok: Any, tasks: list[str], max_new_tokens: int)
     from composer_replication.datagen.reward import make_shaped_reward
     from composer_replication.datagen.rollout import task_prompt
     from composer_replication.datagen.tasks import bundled_tasks
-    from composer_replication.trainer.onpolicy import decode, eos_token_ids, prefill
+    from composer_replication.generation.engine import decode, eos_token_ids, prefill
 
     all_tasks = bundled_tasks()
     names = tasks or sorted(all_tasks)

@@ -5,12 +5,12 @@ row, the last 1-3 tokens are looked up in that row's own context (prompt and ans
 that followed their latest earlier occurrence are proposed (continued periodically past the end: a loop),
 and one forward of ``[pending token, draft...]`` for every live row keeps the draft's longest prefix that
 equals the row's greedy choices, plus the next choice. Rows accept different lengths, so rejected slots
-stay masked in the shared KV buffer (``trainer.kv_buffer``), compacted to each row's valid slots when full.
+stay masked in the shared KV buffer (``generation.kv_buffer``), compacted to each row's valid slots when full.
 
     python3 benchmarks/bench_lookup_decode.py --drafts 4,8 [--log]
 
 Prompts: the learning benchmark's held-out error sites (the base model's greedy answers of
-``bench_learning.py``'s measuring); answers compared token for token with ``trainer.onpolicy.decode``.
+``bench_learning.py``'s measuring); answers compared token for token with ``generation.engine.decode``.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Lookup:
 
 
 def _compact(cache: Any, attn: torch.Tensor, room: int) -> torch.Tensor:
-    from composer_replication.trainer.kv_buffer import BufferedLayer
+    from composer_replication.generation.kv_buffer import BufferedLayer
 
     keep = attn.bool()
     width = int(keep.sum(-1).max())
@@ -78,7 +78,7 @@ def _compact(cache: Any, attn: torch.Tensor, room: int) -> torch.Tensor:
 def lookup_decode(
     model, pre, contexts, *, max_new_tokens: int, eos_ids, draft: int, log: list
 ) -> list[list[int]]:
-    from composer_replication.trainer.kv_buffer import buffer_cache
+    from composer_replication.generation.kv_buffer import buffer_cache
 
     eos = {int(e) for e in eos_ids}
     room = max_new_tokens + 2 * (draft + 1)

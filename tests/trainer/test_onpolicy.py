@@ -242,7 +242,7 @@ def test_privileged_recovery_reaches_only_the_teacher(small_data, tiny_model, ti
 def test_decode_into_the_kv_buffer_equals_decode_by_concatenation(tiny_model, monkeypatch):
     # decode writes the cache into a buffer allocated once (kv_buffer); the plain DynamicCache path
     # (torch.cat per step) must give the same tokens, greedy with rows leaving the batch and sampled
-    from composer_replication.trainer import kv_buffer
+    from composer_replication.generation import kv_buffer
 
     prompts = [[5, 17, 23, 99, 4], [7, 8], [31, 32, 33], [40, 41, 42, 43]]
     free = op.sample(tiny_model, prompts, max_new_tokens=12, temperature=0, eos_ids=[], pad_id=0)
@@ -264,7 +264,7 @@ def test_decode_into_the_kv_buffer_equals_decode_by_concatenation(tiny_model, mo
 def test_kv_buffer_holds_the_concatenated_keys_and_refuses_overflow():
     from transformers.cache_utils import DynamicLayer
 
-    from composer_replication.trainer.kv_buffer import BufferedLayer
+    from composer_replication.generation.kv_buffer import BufferedLayer
 
     k, v = torch.randn(3, 2, 4, 8), torch.randn(3, 2, 4, 8)
     ref, buf = DynamicLayer(), BufferedLayer(k, v, extra=3)

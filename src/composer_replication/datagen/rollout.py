@@ -90,30 +90,42 @@ class HFPolicy:
     """A transformers causal LM behind its chat template; tool calls are parsed from its text (``wire``).
 
     The tools are described in the system message (``task_prompt``), not through the template's
-    ``tools=`` argument, so the prompt is the one the model was trained on."""
+    ``tools=`` argument, so the prompt is the one the model was trained on. The answer comes from the
+    one generation engine (``generation.LocalEngine``): the tokens ``model.generate`` gives with the
+    same settings and RNG state."""
 
     def __init__(
         self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256, temperature: float = 0.7
     ) -> None:
+        from composer_replication.generation.local import LocalEngine
+
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.model_name = getattr(getattr(model, "config", None), "_name_or_path", None) or "hf-model"
+        self.engine = LocalEngine(model, tokenizer)
 
     def __call__(self, messages: list[dict[str, Any]]) -> str:
-        import torch
+        from composer_replication.generation.local import generate_params
 
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        with torch.no_grad():
-            out = self.model.generate(
-                **ids,
-                max_new_tokens=self.max_new_tokens,
-                do_sample=self.temperature > 0,
-                temperature=self.temperature or None,
-                pad_token_id=self.tokenizer.pad_token_id,
-            )
-        return self.tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+        params = generate_params(self.model, max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+        return self.engine.complete([messages], params)[0].text
+
+
+class EndpointPolicy:
+    """A model behind an OpenAI-compatible endpoint (``transformers serve``, vLLM, a provider) as a
+    rollout policy: ``engine`` is a ``teacher_replay.endpoint.OpenAIEndpoint``. The server's own tool
+    calls, if it returns any, are written into the answer as ``wire`` writes calls (``action_text``),
+    so they parse as the same calls an in-process answer with that text would."""
+
+    def __init__(self, engine: Any, *, max_new_tokens: int = 256, temperature: float = 0.7) -> None:
+        self.engine, self.model_name = engine, engine.model
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+
+    def __call__(self, messages: list[dict[str, Any]]) -> str:
+        from composer_replication.generation.types import GenerationParams, action_text
+
+        params = GenerationParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+        return action_text(self.engine.complete([messages], params)[0])
 
 
 # --------------------------------------------------------------------------- rollouts
@@ -299,7 +311,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """CLI options (``composer-replication rollout`` and ``python3 -m composer_replication.datagen.rollout``)."""
     p.add_argument("--out", required=True, help="output directory (sessions/ and rollouts.jsonl)")
     p.add_argument("--tasks", nargs="*", help="bundled task names (default: all)")
-    p.add_argument("--policy", default="oracle", help="'oracle' or a path to a HF model directory")
+    p.add_argument(
+        "--policy",
+        default="oracle",
+        help="'oracle', a path to a HF model directory, or an OpenAI-compatible endpoint's base URL (http(s)://.../v1)",
+    )
+    p.add_argument(
+        "--endpoint-model", default="default", help="with an endpoint URL: the model name to ask for"
+    )
     p.add_argument("--sandbox", choices=["bwrap", "docker", "podman"], default=None)
     p.add_argument("--stop-file", default=None, help="stop (exit 3) when this file exists")
     p.add_argument("--max-turns", type=int, default=8)
@@ -319,6 +338,14 @@ def run(args: argparse.Namespace) -> int:
     tasks = [available[n] for n in (args.tasks or sorted(available))]
     if args.policy == "oracle":
         policy_for: Callable[[Task], Policy] = lambda task: oracle_policy(task, args.harness)  # noqa: E731
+    elif args.policy.startswith(("http://", "https://")):
+        from composer_replication.teacher_replay.endpoint import OpenAIEndpoint
+        from composer_replication.teacher_replay.keys import resolve_api_key
+
+        endpoint = EndpointPolicy(
+            OpenAIEndpoint(args.policy, args.endpoint_model, api_key=resolve_api_key(None, "OPENAI_API_KEY"))
+        )
+        policy_for = lambda task: endpoint  # noqa: E731
     else:
         from composer_replication.models import load_model_and_tokenizer
 
@@ -365,6 +392,7 @@ if __name__ == "__main__":
 
 __all__ = [
     "EXIT_KILL_SWITCH",
+    "EndpointPolicy",
     "HFPolicy",
     "RolloutResult",
     "ScriptedPolicy",

@@ -68,17 +68,29 @@ def prompt_ids(tok: Any, state: dict[str, Any], max_prompt_tokens: int) -> Any:
 
 class GreedyGenerator:
     """Greedy answers of a local model directory for chat states, with an append-only cache. A call
-    returns ``(answer, complete)``: ``complete`` is False when the budget cut the answer."""
+    returns ``(answer, complete)``: ``complete`` is False when the budget cut the answer.
+
+    The answers come from the one generation engine (``generation.LocalEngine``, one state at a time:
+    the tokens ``model.generate`` gives). ``engine``: any engine with ``complete(conversations, params)``
+    instead, e.g. ``teacher_replay.endpoint.OpenAIEndpoint`` for the model served from ``model_dir``
+    (``transformers serve``, vLLM); ``model_dir`` then gives the tokenizer that fits the prompts and the
+    fingerprint that keys the cache."""
 
     def __init__(
-        self, model_dir: str | Path, cache_path: Path, *, max_new_tokens: int, max_prompt_tokens: int
+        self,
+        model_dir: str | Path,
+        cache_path: Path,
+        *,
+        max_new_tokens: int,
+        max_prompt_tokens: int,
+        engine: Any = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.cache_path = cache_path
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
         self.fingerprint = model_fingerprint(model_dir)
-        self._model: Any = None
+        self._engine: Any = engine
         self._tok: Any = None
         self.cache: dict[str, tuple[str, bool]] = {}
         if cache_path.exists():
@@ -100,35 +112,37 @@ class GreedyGenerator:
         return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
     def _load(self) -> None:
+        if self._engine is not None:
+            from composer_replication.models import load_tokenizer
+
+            self._tok = load_tokenizer(self.model_dir)
+            return
+        from composer_replication.generation.local import LocalEngine
         from composer_replication.models import load_model_and_tokenizer
 
         model, self._tok = load_model_and_tokenizer(self.model_dir)
-        self._model = model.eval()
+        self._engine = LocalEngine(model.eval(), self._tok)
+
+    def _answer(self, state: dict[str, Any]) -> tuple[str, bool]:
+        from composer_replication.generation.local import LocalEngine, generate_params
+        from composer_replication.generation.types import GenerationParams, action_text
+
+        if self._tok is None:
+            self._load()
+        engine, tok, n = self._engine, self._tok, self.max_new_tokens
+        if isinstance(engine, LocalEngine):  # the prompt ids exactly as evaluation renders them
+            ids = prompt_ids(tok, state, self.max_prompt_tokens)[0].tolist()
+            got = engine.generate([ids], generate_params(engine.model, max_new_tokens=n, temperature=0.0))[0]
+        else:
+            msgs = wire.fit_messages(tok, state["messages"], self.max_prompt_tokens)
+            got = engine.complete([msgs], GenerationParams(max_new_tokens=n, temperature=0.0))[0]
+        return action_text(got), got.complete
 
     def __call__(self, state: dict[str, Any]) -> tuple[str, bool]:
         key = self._key(state)
         if key in self.cache:
             return self.cache[key]
-        import torch
-
-        if self._model is None:
-            self._load()
-        tok, model = self._tok, self._model
-        ids = prompt_ids(tok, state, self.max_prompt_tokens)
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=self.max_new_tokens,
-                do_sample=False,
-                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-            )
-        from composer_replication.trainer.onpolicy import eos_token_ids
-
-        new = out[0, ids.shape[1] :].tolist()
-        eos = eos_token_ids(tok)
-        complete = len(new) < self.max_new_tokens or (bool(new) and new[-1] in eos)
-        text = tok.decode(new, skip_special_tokens=True)
+        text, complete = self._answer(state)
         with JsonlAppender(self.cache_path) as app:
             app.write({"key": key, "state_id": state["state_id"], "model": self.fingerprint, "output": text,
                        "complete": complete})  # fmt: skip

@@ -9,7 +9,8 @@ the recorded recovery (``wire.with_solution``): OPSD's privileged solution. With
 recorded agent's recovery instead: tokens the student never produced, which is why that variant barely
 moves a small model (``notes/learning.md``).
 
-Samples come from a private ``torch.Generator`` seeded by (seed, step, micro-batch), never from the global
+Samples are decoded by the one generation engine (``generation.engine.sample``: one batch, KV cache)
+and come from a private ``torch.Generator`` seeded by (seed, step, micro-batch), never from the global
 RNG, and are cached by (seed, step, micro-batch, site): in memory, and in an append-only JSONL file when
 the trainer has an output folder. A resumed run therefore uses exactly the samples the interrupted run
 drew, even where regenerating them would not be bit-identical (GPU kernels).
@@ -27,6 +28,16 @@ from typing import Any
 import torch
 
 from composer_replication import encoding, wire
+
+# the one decoding loop; prefill, decode and continuation scoring stay importable from here
+from composer_replication.generation.engine import (  # noqa: F401
+    Prefill,
+    continuation_logits,
+    decode,
+    eos_token_ids,
+    prefill,
+    sample,
+)
 
 
 @dataclass(frozen=True)
@@ -114,143 +125,6 @@ def site_prompts(tok: Any, site: ErrorSite, max_len: int) -> tuple[list[int], li
         return student, None
     hinted = encoding.render_prompt_ids(tok, site_messages(site, hinted=True))
     return student, hinted[-(len(student) + max(0, len(hinted) - len(full))) :]
-
-
-@dataclass
-class Prefill:
-    """A left-padded batch of prompts run once with a KV cache: the next-token logits of every prompt,
-    the cache, the attention mask and the last position ids (what decoding and scoring continue from)."""
-
-    logits: torch.Tensor  # (B, V) float32, predicting each prompt's next token
-    cache: Any
-    attn: torch.Tensor  # (B, P)
-    pos: torch.Tensor  # (B, 1) position id of each prompt's last token
-
-
-@torch.no_grad()
-def prefill(model: Any, prompts: Sequence[Sequence[int]], pad_id: int) -> Prefill:
-    """Run ``prompts`` (left-padded into one batch) through ``model`` once, keeping the KV cache."""
-    dev = next(model.parameters()).device
-    ids = encoding.pad_rows(prompts, pad_id, left=True).to(dev)
-    attn = encoding.pad_rows([[1] * len(p) for p in prompts], 0, left=True).to(dev)
-    pos = (attn.cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
-    return Prefill(out.logits[:, -1].float(), out.cache, attn, pos[:, -1:])
-
-
-@torch.no_grad()
-def continuation_logits(
-    model: Any, pre: Prefill, conts: Sequence[Sequence[int]], pad_id: int
-) -> torch.Tensor:
-    """``(B, R, V)`` float32 logits predicting each continuation's tokens after its prompt (teacher
-    forcing from a copy of ``pre``'s cache; ``R`` = the longest continuation, rows right-padded)."""
-    import copy
-
-    dev = pre.attn.device
-    width = max(len(c) for c in conts)
-    if width <= 1:
-        return pre.logits[:, None]
-    ids = torch.full((len(conts), width - 1), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(conts), width - 1), dtype=torch.long)
-    for i, c in enumerate(conts):  # the last token of a continuation predicts nothing we score
-        body = list(c)[:-1]
-        if body:
-            ids[i, : len(body)] = torch.tensor(body, dtype=torch.long)
-            mask[i, : len(body)] = 1
-    ids, mask = ids.to(dev), mask.to(dev)
-    pos = pre.pos + torch.arange(1, width, device=dev)[None]
-    out = model(
-        input_ids=ids,
-        attention_mask=torch.cat([pre.attn, mask], -1),
-        position_ids=pos,
-        cache=copy.deepcopy(pre.cache),
-        use_cache=True,
-    )
-    return torch.cat([pre.logits[:, None], out.logits.float()], 1)
-
-
-@torch.no_grad()
-def decode(
-    model: Any,
-    pre: Prefill,
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    eos_ids: Sequence[int],
-    generator: torch.Generator | None = None,
-) -> list[list[int]]:
-    """Continue every prompt of ``pre`` (its cache is consumed): up to ``max_new_tokens`` each, ending
-    at an EOS id (kept). ``temperature == 0`` is greedy; otherwise tokens are drawn from
-    ``softmax(logits / temperature)`` with ``generator`` (the global RNG is not touched)."""
-    dev = pre.attn.device
-    eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=dev)
-    n = pre.logits.shape[0]
-    from composer_replication.trainer.kv_buffer import buffer_cache
-
-    # the cache gets room for the answer up front: no torch.cat of the whole cache per step
-    logits, cache, attn, pos = pre.logits, buffer_cache(pre.cache, max_new_tokens), pre.attn, pre.pos
-    # Greedy decoding drops finished rows from the batch (cache, mask, positions), so the tail of a long
-    # answer costs what its few rows cost. Sampling keeps every row: its random stream stays the same.
-    live = torch.arange(n, device=dev)
-    done = torch.zeros(n, dtype=torch.bool, device=dev)
-    seqs: list[list[int]] = [[] for _ in range(n)]
-    for step in range(max_new_tokens):
-        if temperature == 0:
-            nxt = logits.argmax(-1)
-        else:
-            probs = torch.softmax(logits / temperature, -1).cpu()
-            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(dev)
-        for i, tok_id in zip(live.tolist(), nxt.tolist(), strict=True):
-            if not done[i]:
-                seqs[i].append(tok_id)
-        done[live] |= torch.isin(nxt, eos)
-        if bool(done.all()) or step == max_new_tokens - 1:
-            break
-        if temperature == 0 and bool(done[live].any()):
-            idx = (~done[live]).nonzero().squeeze(-1)
-            live, nxt, attn, pos = live[idx], nxt[idx], attn[idx], pos[idx]
-            cache.batch_select_indices(idx)
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], -1)
-        pos = pos + 1
-        out = model(
-            input_ids=nxt[:, None], attention_mask=attn, position_ids=pos, cache=cache, use_cache=True
-        )
-        logits, cache = out.logits[:, -1].float(), out.cache
-    return seqs
-
-
-def sample(
-    model: Any,
-    prompts: Sequence[Sequence[int]],
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    eos_ids: Sequence[int],
-    pad_id: int,
-    generator: torch.Generator | None = None,
-) -> list[list[int]]:
-    """Continuations of ``prompts`` (left-padded into one batch, KV cache): :func:`prefill`, then
-    :func:`decode`, in eval mode."""
-    if not prompts:
-        return []
-    was_training = model.training
-    model.eval()
-    try:
-        pre = prefill(model, prompts, pad_id)
-        return decode(model, pre, max_new_tokens=max_new_tokens, temperature=temperature, eos_ids=eos_ids,
-                      generator=generator)  # fmt: skip
-    finally:
-        model.train(was_training)
-
-
-def eos_token_ids(tok: Any) -> list[int]:
-    """The ids that end an assistant turn: the tokenizer's EOS plus the chat template's end-of-turn token."""
-    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    for name in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
-        tid = tok.convert_tokens_to_ids(name) if name in tok.get_vocab() else None
-        if tid is not None:
-            ids.add(tid)
-    return sorted(ids)
 
 
 def sdpo_batch(

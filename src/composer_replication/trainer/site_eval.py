@@ -76,8 +76,8 @@ class SiteSet:
     ``max_len`` caps each scored row, prompt plus response (history cut from the left); ``max_recovery``
     caps the recovery (and pair response) tokens scored; ``max_new_tokens`` is the greedy answer length;
     ``tools_by_trace`` gives each session's tool names (an answer naming another tool is not valid).
-    Each prompt runs through the model once (``onpolicy.prefill``): the recovery is scored from a copy
-    of its KV cache and the greedy answer decodes from it, so a site costs one history forward (two
+    Each prompt runs through the model once (``generation.engine.prefill``): the recovery is scored from
+    a copy of its KV cache and the greedy answer decodes from it, so a site costs one history forward (two
     with a hint), and a pair one.
     """
 
@@ -130,9 +130,9 @@ class SiteSet:
 
     @torch.no_grad()
     def _sites(self, model: Any, greedy: bool) -> dict[str, Any]:
+        from composer_replication.generation.engine import continuation_logits, decode, eos_token_ids, prefill
         from composer_replication.loss import token_logprobs
         from composer_replication.opsd import generalized_jsd_loss
-        from composer_replication.trainer.onpolicy import continuation_logits, decode, eos_token_ids, prefill
 
         dev = next(model.parameters()).device
         eos = eos_token_ids(self.tok)
@@ -199,8 +199,8 @@ class SiteSet:
 
     @torch.no_grad()
     def _pref(self, model: Any) -> dict[str, float]:
+        from composer_replication.generation.engine import continuation_logits, prefill
         from composer_replication.loss import token_logprobs
-        from composer_replication.trainer.onpolicy import continuation_logits, prefill
 
         dev = next(model.parameters()).device
         wins = 0

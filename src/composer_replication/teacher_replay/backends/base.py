@@ -25,6 +25,9 @@ class ChatResponse:
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float | None  # as billed by the server (OpenRouter ``usage.cost``); None if not reported
+    finish_reason: str | None = None  # "stop", "length", "tool_calls", ... as the server says
+    tool_calls: list[Any] | None = None  # the server's own parsed calls (OpenAI ``message.tool_calls``)
+    logprobs: list[float] | None = None  # per generated token, when asked (``logprobs: true``)
 
 
 class TeacherError(Exception):

@@ -7,7 +7,9 @@ Against a hostile or broken server: each attempt has one overall deadline (``tim
 body together, however slowly they drip); a body above :func:`max_body_bytes` is refused unread; a
 ``usage`` whose counts or cost are not numbers >= 0 is a malformed response (booked in full, not
 retried, not cached); no server-reported amount is ever a credit; the API key is scrubbed from every
-text taken from a response (completion, error message) before it leaves this module.
+text taken from a response (completion, tool calls, error message) before it leaves this module. The
+server's ``finish_reason``, its own ``tool_calls`` and per-token ``logprobs`` are kept in the response
+for the generation path (``teacher_replay.endpoint``).
 
 What is not covered: streaming, tool-calling via the ``tools`` field (teachers answer in the agent's
 text action format instead, which every server supports), reading live prices, a key the server
@@ -151,8 +153,10 @@ def parse_response(status: int, headers: Any, raw: bytes, scrub: KeyScrubber = K
         raise _error_from_body(body, 200, scrub)
     try:
         choice = body["choices"][0]
-        text = choice["message"]["content"]
-    except (KeyError, IndexError, TypeError):
+        message = choice["message"]
+        calls = message.get("tool_calls") or None
+        text = message["content"] if calls is None or message.get("content") is not None else ""
+    except (KeyError, IndexError, TypeError, AttributeError):
         raise TeacherError(
             "HTTP 200 without choices[0].message.content", retryable=True, billed=BILLED_UNKNOWN
         ) from None
@@ -174,7 +178,30 @@ def parse_response(status: int, headers: Any, raw: bytes, scrub: KeyScrubber = K
         prompt_tokens=pt or 0,
         completion_tokens=ct or 0,
         cost_usd=cost,
+        finish_reason=choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None,
+        tool_calls=_scrubbed(calls, scrub) if isinstance(calls, list) else None,
+        logprobs=_logprobs(choice.get("logprobs")),
     )
+
+
+def _scrubbed(value: Any, scrub: KeyScrubber) -> Any:
+    """``value`` (parsed JSON) with the known keys scrubbed from every string in it."""
+    return orjson.loads(scrub(orjson.dumps(value).decode()))
+
+
+def _logprobs(block: Any) -> list[float] | None:
+    """``choices[0].logprobs.content[*].logprob`` when every entry is a finite number <= 0, else None."""
+    content = block.get("content") if isinstance(block, dict) else None
+    if not isinstance(content, list):
+        return None
+    out: list[float] = []
+    for e in content:
+        v = e.get("logprob") if isinstance(e, dict) else None
+        mag = _number(-v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        if mag is None:
+            return None
+        out.append(-mag)
+    return out
 
 
 class OpenAICompatBackend:

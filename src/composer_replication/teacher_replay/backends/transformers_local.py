@@ -1,4 +1,5 @@
-"""In-process teacher: a Hugging Face causal LM generating greedily on this machine (offline use).
+"""In-process teacher: a Hugging Face causal LM answering on this machine (offline use), through the one
+generation engine (``generation.LocalEngine``: greedy at temperature 0, else sampled as ``generate`` samples).
 
 The model is loaded once per ``model_path`` and calls run one at a time in a worker thread, so the
 event loop stays responsive. Cost is ``tokens × price`` from the spec (normally 0 for local models).
@@ -41,26 +42,16 @@ class TransformersBackend:
         self._lock = asyncio.Lock()
 
     def _generate(self, req: ChatRequest) -> ChatResponse:
-        import torch
+        from composer_replication.generation.local import LocalEngine, generate_params
 
         model, tok = _load(self.model_path)
-        enc = tok.apply_chat_template(
-            req.messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        input_ids = enc["input_ids"]
-        gen_kwargs: dict[str, Any] = {"max_new_tokens": req.max_tokens, "pad_token_id": tok.pad_token_id}
-        if req.temperature > 0:
-            gen_kwargs.update(do_sample=True, temperature=req.temperature)
-        else:
-            gen_kwargs.update(do_sample=False)
-        with torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=enc.get("attention_mask"), **gen_kwargs)
-        new = out[0, input_ids.shape[1] :]
-        text = tok.decode(new, skip_special_tokens=True)
+        engine = LocalEngine(model, tok)
+        params = generate_params(model, max_new_tokens=req.max_tokens, temperature=req.temperature)
+        got = engine.complete([req.messages], params)[0]
         return ChatResponse(
-            text=text,
-            prompt_tokens=int(input_ids.shape[1]),
-            completion_tokens=int(new.shape[0]),
+            text=got.text,
+            prompt_tokens=got.prompt_tokens,
+            completion_tokens=got.completion_tokens,
             cost_usd=None,
         )
 
