@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication._io import atomic_open, atomic_write_json
+from composer_replication._lock import directory_lock
 from composer_replication.ingestion import _index as ix
 from composer_replication.ingestion import _json
 from composer_replication.ingestion._base import failed
@@ -105,11 +106,20 @@ def ingest_paths(
     options = {**parse_opts, "system_prompt": system_prompt, "strip_thinking": strip_thinking,
                "max_history_tokens": max_history_tokens, "example_max_tokens": example_max_tokens,
                "token_counter": getattr(token_counter, "__qualname__", None), "keep_trivial": keep_trivial}  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    idx = ix.load_index(out, parse_opts) if not force else ix.load_index(Path("/nonexistent"), parse_opts)
     kw = dict(system_prompt=system_prompt, strip_thinking=strip_thinking, max_history_tokens=max_history_tokens,
               token_counter=token_counter, redact=redact, example_max_tokens=example_max_tokens,
               skip_sidechain=skip_sidechain)  # fmt: skip
+    with directory_lock(out, "ingest output folder"):
+        return _ingest_locked(out, files, skipped, filters, options, parse_opts, kw, force, progress, jobs)
+
+
+def _ingest_locked(
+    out: Path, files: list[Path], skipped: list[dict[str, str]], filters: Filters, options: dict[str, Any],
+    parse_opts: dict[str, Any], kw: dict[str, Any], force: bool, progress: bool, jobs: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The run, while this process holds ``out``'s lock (one ingest per output folder at a time)."""
+    skip_sidechain, token_counter = kw["skip_sidechain"], kw["token_counter"]
+    idx = ix.load_index(out, parse_opts) if not force else ix.load_index(Path("/nonexistent"), parse_opts)
 
     total = IngestionStats()
     absp: dict[Path, str] = {}
