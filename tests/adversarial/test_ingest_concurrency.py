@@ -43,7 +43,9 @@ def _freeze_while_locked(inp: Path, out: Path) -> subprocess.Popen:
     for copies in (8, 32):  # more input, a longer hold, if this machine was too quick to catch it
         shutil.rmtree(out, ignore_errors=True)
         src = _copies(inp / f"x{copies}", copies, "claude_code")
-        p = subprocess.Popen(_cmd(src, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+        p = subprocess.Popen(
+            _cmd(src, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+        )
         deadline = time.monotonic() + 60
         while p.poll() is None and time.monotonic() < deadline:
             if lock_holder(out) is not None:

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from composer_replication.ingestion._redact_rules import BASE64_PREFIXES, RULES, Find
@@ -361,3 +364,20 @@ def _clean_json_text(encoded: bytes) -> bool:
 
 
 SECRET_TYPES: tuple[str, ...] = (*dict.fromkeys(r[0] for r in RULES), _BASE64)
+
+
+@functools.cache
+def rules_id() -> str:
+    """A hash of the redaction rules in use (the bytes of this module and of the rule table's module, as
+    installed: source, bytecode or compiled). Stored text redacted under other rules is redacted again: the
+    ingest index keeps it, and a change re-parses every session file."""
+    from composer_replication.ingestion import _redact_rules
+
+    return files_id([__file__, _redact_rules.__file__])
+
+
+def files_id(paths: list[str | None]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(Path(p).read_bytes() if p else b"?")
+    return h.hexdigest()[:16]
