@@ -117,8 +117,22 @@ def run(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         **filter_kwargs(args),
     )
+    _fail_if_nothing_read(result)
     _print_table(result)
     return 0
+
+
+def _fail_if_nothing_read(result: dict[str, Any]) -> None:
+    """Every input failed (a FIFO, a device, unreadable files): an error, not an empty success."""
+    t = result["totals"]
+    if t["n_files"] and t.get("n_file_errors", 0) == t["n_files"]:
+        _print_problems(result)
+        errors = [f["error"] for f in result.get("files", []) if f.get("error")]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ValueError(
+            f"no session file could be read: {errors[0]}{more}; nothing was ingested into "
+            f"{result['out_dir']} (pass Claude Code / Codex session .jsonl files or folders)"
+        )
 
 
 def _print_table(result: dict[str, Any]) -> None:
