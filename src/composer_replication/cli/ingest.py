@@ -150,7 +150,7 @@ def _print_table(result: dict[str, Any]) -> None:
         ("sidechain records skipped", t["skipped_subagent"]), ("subagent runs kept", t.get("n_subagent_runs", 0)),
         ("API-error records dropped", t["n_api_errors"]), ("display-only records left out", t.get("n_display_only", 0)),
         ("context kept (meta, skills, attachments)", t.get("n_context", 0)), ("compactions", t["n_compactions"]),
-        ("traces", t.get("n_traces", 0) - t.get("n_traces_trivial", 0)),
+        ("traces", t.get("n_traces", 0)),
         ("trivial sessions left out", t.get("n_traces_trivial", 0)),
         ("assistant turns", t["n_assistant_turns"]), ("states written", t["n_states_emitted"]),
         ("tool calls", t["n_tool_use_blocks"]), ("tool errors", t["n_tool_errors"]),
