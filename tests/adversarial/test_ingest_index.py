@@ -142,6 +142,23 @@ def test_the_cli_on_a_forged_index_exits_0_with_the_right_output(
     assert not list(tmp_path.rglob("escaped*"))
 
 
+def test_an_untouched_index_is_trusted_whole(made: dict, tmp_path: Path, monkeypatch) -> None:
+    """The checks pass a sound index as it is: a rerun parses nothing and re-assembles nothing (every row,
+    single-line ranges included, is copied)."""
+    from composer_replication.ingestion import _folder
+
+    out = tmp_path / "out"
+    shutil.copytree(made["template"], out)
+    calls: list[str] = []
+    real = _folder.assemble
+    monkeypatch.setattr(
+        _folder, "assemble", lambda ing, f, *a, **k: calls.append(f.name) or real(ing, f, *a, **k)
+    )
+    res = ingest_paths([made["src"]], out)
+    assert {f["status"] for f in res["files"]} == {"unchanged"} and calls == []
+    _assert_fresh(out, made["fresh"])
+
+
 def test_stored_text_from_older_redaction_rules_is_redacted_again(tmp_path: Path, monkeypatch) -> None:
     """An ingest folder written by a redactor that missed a shape: the next incremental ingest with the
     current rules leaves no trace of the secret anywhere under --out."""

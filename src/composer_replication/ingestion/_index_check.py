@@ -167,7 +167,7 @@ def _rows_are_its_own(e: dict[str, Any], rng: dict[str, list[int]], old: dict[st
                 continue
             buf = old[name]
             first = _json.loads(bytes(buf[a : buf.find(b"\n", a, b)]))
-            last = _json.loads(bytes(buf[buf.rfind(b"\n", a, b - 1) + 1 : b - 1]))
+            last = _json.loads(bytes(buf[max(a, buf.rfind(b"\n", a, b - 1) + 1) : b - 1]))
             if first["trace_id"] not in traces or last["trace_id"] not in traces:
                 return False
     except (ValueError, KeyError, TypeError, _json.JSONDecodeError):
