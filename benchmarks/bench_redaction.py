@@ -11,7 +11,11 @@ older commit side by side:
   (``tests/data/sessions``), and the library sources above; best of ``--repeats`` interleaved runs;
 * ``ingest_paths`` MB/s on the bundled sessions with redaction on (current, baseline) and off.
 
+The false positives are also given per package (``--packages transformers,trl,torch,datasets,accelerate,peft``;
+``--fp-only`` skips the throughput runs).
+
 Usage: python3 benchmarks/bench_redaction.py [--packages transformers,trl] [--baseline a9ffa06] [--repeats 5]
+       [--fp-only] [--json FILE]
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ def library_files(packages: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def false_positives(redactor_cls: type, files: list[tuple[str, str]]) -> tuple[Counter, list[str]]:
+def false_positives(
+    redactor_cls: type, files: list[tuple[str, str]], per_pkg: Counter | None = None
+) -> tuple[Counter, list[str]]:
     counts: Counter = Counter()
     hits = []
     for rel, src in files:
@@ -63,11 +69,26 @@ def false_positives(redactor_cls: type, files: list[tuple[str, str]]) -> tuple[C
         if not r.counts:
             continue
         counts.update(r.counts)
+        if per_pkg is not None:
+            per_pkg[rel.split("/")[0]] += sum(r.counts.values())
         for i, line in enumerate(src.splitlines(), 1):
             lr = redactor_cls()
             if lr.redact(line) != line:
                 hits.append(f"{rel}:{i}: {','.join(sorted(lr.counts))}: {line.strip()[:140]}")
     return counts, hits
+
+
+def per_package(files: list[tuple[str, str]], per_pkg: Counter) -> dict[str, dict[str, float]]:
+    """Files, lines and redactions per package, and the redactions per 100k lines."""
+    out: dict[str, dict[str, float]] = {}
+    for rel, src in files:
+        p = out.setdefault(rel.split("/")[0], {"files": 0, "lines": 0})
+        p["files"] += 1
+        p["lines"] += src.count("\n")
+    for name, p in out.items():
+        p["redactions"] = per_pkg[name]
+        p["per_100k_lines"] = round(per_pkg[name] / max(1, p["lines"]) * 1e5, 2)
+    return out
 
 
 def session_strings() -> list[str]:
@@ -143,6 +164,7 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="git revision whose redact.py is the baseline")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    ap.add_argument("--fp-only", action="store_true", help="false positives only (no throughput runs)")
     args = ap.parse_args()
     import warnings
 
@@ -160,15 +182,24 @@ def main() -> None:
     print(f"library: {len(files)} files, {n_lines:,} lines ({args.packages})")
     print(f"sessions: {len(sess_texts):,} strings, {sum(len(t.encode()) for t in sess_texts) / 1e6:.2f} MB")
     for label, cls in impls.items():
-        counts, hits = false_positives(cls, files)
+        per_pkg: Counter = Counter()
+        counts, hits = false_positives(cls, files, per_pkg)
         total = sum(counts.values())
         row = {"redactions": dict(counts), "per_100k_lines": round(total / n_lines * 1e5, 2), "hits": hits}
+        row["per_package"] = per_package(files, per_pkg)
         result["impls"][label] = row
         print(f"\n[{label}] {total} redactions = {row['per_100k_lines']} per 100k lines: {dict(counts)}")
+        for pkg, p in row["per_package"].items():
+            print(f"    {pkg}: {p['files']} files, {p['lines']:,} lines, {p['redactions']} redactions, "
+                  f"{p['per_100k_lines']} per 100k lines")  # fmt: skip
         for h in hits[:40]:
             print("   ", h)
         if len(hits) > 40:
             print(f"    ... {len(hits) - 40} more")
+    if args.fp_only:
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+        return
     speed = throughput(impls, {"sessions": sess_texts, "library": lib_texts}, args.repeats)
     result["MBps"] = speed
     print(

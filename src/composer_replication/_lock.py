@@ -2,13 +2,14 @@
 
 The lock is held for as long as the process runs the command and is released by the kernel when the
 process exits, however it exits (SIGKILL included), so a crash never leaves a stale lock behind. The
-file holds the holder's pid and command line, for the error the next process shows.
+file holds the holder's pid, host and command line, for the error the next process shows.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ def _describe(fd: int) -> str:
 
 
 def lock_holder(directory: str | os.PathLike[str]) -> str | None:
-    """Who holds ``directory``'s lock (``pid N: command``), or None if nobody does."""
+    """Who holds ``directory``'s lock (``pid N on HOST (since T): command``), or None if nobody does."""
     path = Path(directory) / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -73,7 +74,8 @@ def directory_lock(
             ) from None
         cmd = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))[:300]
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} (since {time.strftime('%H:%M:%S')}): {cmd}\n".encode(), 0)
+        host = socket.gethostname() or "?"
+        os.pwrite(fd, f"pid {os.getpid()} on {host} (since {time.strftime('%H:%M:%S')}): {cmd}\n".encode(), 0)
         try:
             yield
         finally:

@@ -240,3 +240,80 @@ def test_ingester_on_a_missing_file_names_it(tmp_path: Path) -> None:
             f"{tmp_path / 'gone.jsonl'}: no such file (deleted or moved after it was listed?)"
         )
         assert ing.last_stats.n_file_errors == 1
+
+
+def test_folder_symlinks_out_of_the_given_folder_are_not_followed(tmp_path: Path) -> None:
+    """A folder symlink that leads outside the folder given is named and skipped; one inside it is walked."""
+    base = _baseline(tmp_path)
+    proj = _good_folder(tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "private.jsonl").write_text("\n".join(_session_lines()) + "\n")
+    (proj / "escape").symlink_to(elsewhere)
+    (proj / "deep").mkdir()
+    (proj / "deep" / "escape2").symlink_to(tmp_path)  # above the folder given
+    (proj / "inner").mkdir()
+    (proj / "inner" / "x.jsonl").write_text("\n".join(_session_lines()) + "\n")
+    (proj / "alias").symlink_to(proj / "inner")  # inside: walked (once: the folder is visited once)
+    r = _cli(str(proj), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    stats = json.loads((tmp_path / "out" / "ingest_stats.json").read_text())
+    skipped = {Path(s["path"]).name: s["reason"] for s in stats["skipped"]}
+    assert skipped == {
+        "escape": f"symlink to a folder outside {proj} ({elsewhere}), not followed",
+        "escape2": f"symlink to a folder outside {proj} ({tmp_path}), not followed",
+    }
+    assert "escape: symlink to a folder outside" in r.stdout
+    files = sorted(Path(f["file"]).relative_to(proj).as_posix() for f in stats["files"])
+    assert files == sorted([GOOD.name, GOOD_CODEX.name, "alias/x.jsonl"])
+    assert "private" not in (tmp_path / "out" / "sessions.jsonl").read_text()
+    _assert_good_ingested(stats, tmp_path / "out", base, tmp_path / "base_out")
+    # A folder given as a symlink is followed (the user named it), and so are links inside its target.
+    link = tmp_path / "link"
+    link.symlink_to(proj)
+    res = ingest_paths([link], tmp_path / "out2")
+    assert {Path(s["path"]).name for s in res["skipped"]} == {"escape", "escape2"}
+    assert len(res["files"]) == 3
+
+
+@pytest.mark.parametrize("what", ["fifo", "dev_zero", "fifo_and_device"])
+def test_only_unreadable_inputs_fail_with_one_line(tmp_path: Path, what: str) -> None:
+    fifo = tmp_path / "s.jsonl"
+    os.mkfifo(fifo)
+    args = {"fifo": [str(fifo)], "dev_zero": ["/dev/zero"], "fifo_and_device": [str(fifo), "/dev/zero"]}[what]
+    r = _cli(*args, "--out", str(tmp_path / "out"), timeout=60)  # never blocks on the FIFO or reads /dev/zero
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "no session file could be read: " in r.stderr
+    kind = "a FIFO" if what != "dev_zero" else "a device"
+    assert f"{args[0]}: {kind}, not a session file" in r.stderr
+    assert ("(and 1 more)" in r.stderr) == (what == "fifo_and_device")
+    assert "wrote " not in r.stdout
+
+
+def test_a_file_deleted_while_listed_is_not_called_a_dangling_symlink(tmp_path: Path, monkeypatch) -> None:
+    """The folder is listed, then a file in it is deleted before it is looked at (a real race, made
+    deterministic): the reason says so; a real dangling symlink still says that."""
+    from composer_replication.ingestion import scan_session_files
+
+    proj = _good_folder(tmp_path / "run")
+    doomed = proj / "doomed.jsonl"
+    doomed.write_text("\n".join(_session_lines()) + "\n")
+    (proj / "dangling.jsonl").symlink_to(proj / "nowhere.jsonl")
+    real_scandir = os.scandir
+
+    def list_then_delete(path):
+        entries = list(real_scandir(path))
+        if doomed.exists():
+            doomed.unlink()
+        return iter(entries)
+
+    monkeypatch.setattr(os, "scandir", list_then_delete)
+    files, skipped = scan_session_files([proj])
+    monkeypatch.undo()
+    reasons = {Path(s["path"]).name: s["reason"] for s in skipped}
+    assert reasons == {
+        "doomed.jsonl": "deleted or moved while the folder was listed",
+        "dangling.jsonl": "dangling symlink",
+    }
+    assert sorted(f.name for f in files) == sorted([GOOD.name, GOOD_CODEX.name])

@@ -127,7 +127,40 @@ def _shapes() -> list[Shape]:
         return json.dumps({tok: {"scopes": ["repo"]}}), [tok]
 
     upper = string.ascii_uppercase + string.digits
+
+    def aws_pair(tmpl: str) -> Callable[[Gen], tuple[str, list[str]]]:
+        def build(g: Gen) -> tuple[str, list[str]]:
+            key_id = "AKIA" + g.r(16, upper).upper()
+            secret = base64.b64encode(g.rng.randbytes(30)).decode()
+            return tmpl.format(id=key_id, secret=secret), [key_id, secret]
+
+        return build
+
+    def letters(g: Gen) -> str:
+        return "".join(g.rng.choice(string.ascii_letters) for _ in range(14))
+
+    def b64_slash(g: Gen) -> str:
+        while not (v := base64.b64encode(g.rng.randbytes(32)).decode()).startswith("/"):
+            pass
+        return v
+
+    def sentry(g: Gen) -> tuple[str, list[str]]:
+        key = g.hex(32)
+        dsn = f"https://{key}@o{g.r(7, string.digits)}.ingest.us.sentry.io/{g.r(16, string.digits)}"
+        return f"SENTRY_DSN={dsn}", [key]
+
     return [
+        # The shapes that still passed (issue 33).
+        ("aws_pair_one_line", ("aws_secret_key",), aws_pair("aws configure: {id} {secret}")),
+        ("aws_pair_lines", ("aws_secret_key",), aws_pair("Your new key:\n{id}\n{secret}\nKeep it safe.")),
+        ("aws_pair_json", ("aws_secret_key",), aws_pair('{{"user": "ci", "keys": {{"id": "{id}", "value": "{secret}"}}}}')),
+        ("aws_pair_env_block", ("aws_secret_key",), aws_pair("env:\n  - name: ACCESS_KEY\n    value: {id}\n"
+                                                             "  - name: SECRET_KEY\n    value: {secret}")),  # fmt: skip
+        ("env_password_letters", ("env_secret",), one("DB_PASSWORD={v}", letters)),
+        ("unnamed_own_line", ("high_entropy",), one("{v}\n", lambda g: g.r(40))),
+        ("unnamed_assigned", ("high_entropy",), one("APP_SETTING_7={v}", lambda g: g.r(32))),
+        ("sentry_dsn", ("sentry_dsn",), sentry),
+        ("base64_starting_with_slash", ("env_secret",), one("SECRET_KEY={v}", b64_slash)),
         # The shapes that leaked (issue 14 item 10).
         ("anthropic_after_%3D", ("anthropic_key",), one("GET /v1/x?cfg=a%26key%3D{v}%26y=1", _ant)),
         ("anthropic_after_\\n", ("anthropic_key",), one('{{\\"note\\": \\"key:\\n{v}\\"}}', _ant)),

@@ -92,3 +92,31 @@ def test_warmup_and_empty_sessions_are_skipped_and_counted(tmp_path: Path) -> No
     kept = ingest_paths([d], tmp_path / "out2", keep_trivial=True)
     assert kept["totals"]["n_traces_trivial"] == 0 and kept["totals"]["n_states_emitted"] == 2
     assert sorted(r["trace_id"] for r in read_sessions(tmp_path / "out2")) == ["empty", "real", "warm"]
+
+
+def test_a_session_without_a_title_is_named_by_its_first_request(tmp_path: Path) -> None:
+    """No summary/title record: the title is the first user request on one line (a slash command by its
+    name and arguments), marked ``title_from``; a title from the log is kept as it is."""
+    from _ingest_builders import CC, text
+
+    s = CC(session="untitled")
+    s.user("  Please fix\n\nthe   flaky test in tests/test_io.py " + "and more words " * 10)
+    s.assistant([text("On it.")])
+    s.write(tmp_path / "in" / "p" / "untitled.jsonl")
+    c = CC(session="cmd")
+    c.user("<command-message>review is running…</command-message>\n<command-name>/review</command-name>\n"
+           "<command-args>the parser</command-args>")  # fmt: skip
+    c.assistant([text("Reviewing.")])
+    c.write(tmp_path / "in" / "p" / "cmd.jsonl")
+    rows = {r["trace_id"]: r for r in _json_rows(str(tmp_path / "in"), "--store", str(tmp_path / "store"))}
+    title = rows["untitled"]["title"]
+    assert title.startswith("Please fix the flaky test in tests/test_io.py and more words")
+    assert len(title) == 100 and title.endswith("…") and "\n" not in title
+    assert rows["untitled"]["title_from"] == "first_request"
+    assert rows["cmd"]["title"] == "/review the parser"
+    table = _cli("sessions", str(tmp_path / "in"), "--store", str(tmp_path / "store"))
+    assert "Please fix the flaky test" in table.stdout and "/review the parser" in table.stdout
+    titled = {r["trace_id"]: r for r in _json_rows(str(DATA), "--store", str(tmp_path / "s2"))}
+    logged = titled["iansherr__claude-code-log__326189cf-5676-4237-8cde-1ce80aae4a9f"]
+    assert logged["title"].startswith("Claude Code Log") and "title_from" not in logged
+    assert all(r["title"] for r in titled.values())  # every listed session has a title now

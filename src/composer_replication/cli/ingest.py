@@ -117,8 +117,22 @@ def run(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         **filter_kwargs(args),
     )
+    _fail_if_nothing_read(result)
     _print_table(result)
     return 0
+
+
+def _fail_if_nothing_read(result: dict[str, Any]) -> None:
+    """Every input failed (a FIFO, a device, unreadable files): an error, not an empty success."""
+    t = result["totals"]
+    if t["n_files"] and t.get("n_file_errors", 0) == t["n_files"]:
+        _print_problems(result)
+        errors = [f["error"] for f in result.get("files", []) if f.get("error")]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ValueError(
+            f"no session file could be read: {errors[0]}{more}; nothing was ingested into "
+            f"{result['out_dir']} (pass Claude Code / Codex session .jsonl files or folders)"
+        )
 
 
 def _print_table(result: dict[str, Any]) -> None:
@@ -136,7 +150,7 @@ def _print_table(result: dict[str, Any]) -> None:
         ("sidechain records skipped", t["skipped_subagent"]), ("subagent runs kept", t.get("n_subagent_runs", 0)),
         ("API-error records dropped", t["n_api_errors"]), ("display-only records left out", t.get("n_display_only", 0)),
         ("context kept (meta, skills, attachments)", t.get("n_context", 0)), ("compactions", t["n_compactions"]),
-        ("traces", t.get("n_traces", 0) - t.get("n_traces_trivial", 0)),
+        ("traces", t.get("n_traces", 0)),
         ("trivial sessions left out", t.get("n_traces_trivial", 0)),
         ("assistant turns", t["n_assistant_turns"]), ("states written", t["n_states_emitted"]),
         ("tool calls", t["n_tool_use_blocks"]), ("tool errors", t["n_tool_errors"]),

@@ -1,8 +1,9 @@
 """Finding session files and reading them safely: nothing found is dropped silently, nothing read blocks.
 
 ``scan_session_files`` walks files and folders and returns the ``*.jsonl`` session files plus every entry it
-had to skip (unreadable folder, FIFO or other non-regular file, dangling or looping symlink), each with the
-reason, so the caller can count and name them. ``read_session_bytes`` opens with ``O_NONBLOCK`` and checks the
+had to skip (unreadable folder, FIFO or other non-regular file, dangling or looping symlink, a symlink to a
+folder outside the folder given, a file deleted while it was listed), each with the reason, so the caller
+can count and name them. ``read_session_bytes`` opens with ``O_NONBLOCK`` and checks the
 file type on the open descriptor, so a FIFO named ``*.jsonl`` (or passed directly) is refused instead of
 blocking for a writer, and a file deleted or replaced after the listing becomes a :class:`SessionFileError`.
 """
@@ -94,7 +95,8 @@ def scan_session_files(
     paths: Iterable[str | Path], *, keep: Callable[[Path, Path], bool] | None = None
 ) -> tuple[list[Path], list[dict[str, str]]]:
     """``(files, skipped)``: session files under ``paths`` (folders searched recursively for ``*.jsonl``, following
-    folder symlinks once) and ``{"path", "reason"}`` for every entry that could not be used.
+    folder symlinks once while they stay inside the folder given) and ``{"path", "reason"}`` for every entry
+    that could not be used.
 
     ``keep(file, root)`` filters found files (e.g. subagent transcripts); a path given explicitly that does not
     exist raises ``FileNotFoundError`` (a typo is a user error, not a skipped file).
@@ -115,20 +117,25 @@ def scan_session_files(
             skipped.append({"path": str(p), "reason": _reason(exc)})
             continue
         if stat.S_ISDIR(st.st_mode):
-            _walk(p, p, files, skipped, keep, {(st.st_dev, st.st_ino)})
+            _walk(p, p, files, skipped, keep, {(st.st_dev, st.st_ino)}, os.path.realpath(p))
         else:
             files.append(p)  # read_session_bytes names a FIFO or device given explicitly
     return list(dict.fromkeys(files)), skipped
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: OSError, symlink: bool = True) -> str:
     if exc.errno == errno.ELOOP:
         return "symlink loop"
     if exc.errno in (errno.EACCES, errno.EPERM):
         return "permission denied"
     if exc.errno == errno.ENOENT:
-        return "dangling symlink"
+        return "dangling symlink" if symlink else "deleted or moved while the folder was listed"
     return f"cannot stat: {exc.strerror or exc}"
+
+
+def _inside(path: str, real_root: str) -> bool:
+    real = os.path.realpath(path)
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
 def _walk(
@@ -138,6 +145,7 @@ def _walk(
     skipped: list[dict[str, str]],
     keep: Callable[[Path, Path], bool] | None,
     visited: set[tuple[int, int]],
+    real_root: str,
 ) -> None:
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
@@ -151,7 +159,7 @@ def _walk(
             st = os.stat(e.path) if e.is_symlink() else e.stat(follow_symlinks=False)
         except OSError as exc:
             if is_jsonl or e.is_symlink():
-                skipped.append({"path": e.path, "reason": _reason(exc)})
+                skipped.append({"path": e.path, "reason": _reason(exc, e.is_symlink())})
             continue
         if stat.S_ISDIR(st.st_mode):
             key = (st.st_dev, st.st_ino)
@@ -159,8 +167,14 @@ def _walk(
                 if e.is_symlink():
                     skipped.append({"path": e.path, "reason": "symlink loop (folder already visited)"})
                 continue
+            if e.is_symlink() and not _inside(e.path, real_root):
+                where = os.path.realpath(e.path)
+                skipped.append(
+                    {"path": e.path, "reason": f"symlink to a folder outside {root} ({where}), not followed"}
+                )
+                continue
             visited.add(key)
-            _walk(e.path, root, files, skipped, keep, visited)
+            _walk(e.path, root, files, skipped, keep, visited, real_root)
         elif is_jsonl:
             if not stat.S_ISREG(st.st_mode):
                 skipped.append({"path": e.path, "reason": f"{_kind(st.st_mode)}, not a regular file"})

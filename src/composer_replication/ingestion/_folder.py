@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -215,13 +216,32 @@ def assemble(
     for t in traces:
         if not keep_trivial and is_trivial(t):
             stats.n_traces_trivial += 1
-            stats.n_states_emitted -= len(t.states)
-            stats.n_examples -= len(t.examples)
+            uncount(stats, t)
             continue
         parts["states.jsonl"].extend(t.states)
         parts["traces.jsonl"].extend(t.examples)
         parts["sessions.jsonl"].append(session_row(t, f, e, asm))
     return stats.sparse(), {n: _json.dumps_lines(v) for n, v in parts.items()}
+
+
+def uncount(stats: IngestionStats, t: Any) -> None:
+    """Take a trace that is left out back out of the counters that describe the rows written (traces,
+    states, examples, assistant turns, tool calls, tool errors and their kinds): the summary counts what
+    the outputs hold."""
+    stats.n_traces -= 1
+    stats.n_states_emitted -= len(t.states)
+    stats.n_examples -= len(t.examples)
+    asst = [x for x in t.turns if x["role"] == "assistant"]
+    stats.n_assistant_turns -= len(asst)
+    stats.n_tool_use_blocks -= sum(len(x["tool_calls"]) for x in asst)
+    for x in t.turns:
+        if x["role"] == "tool" and x.get("tool_error") is not None:
+            stats.n_tool_errors -= 1
+            kind = str((x.get("error_meta") or {}).get("error_kind"))
+            if stats.error_kinds.get(kind, 0) > 1:
+                stats.error_kinds[kind] -= 1
+            else:
+                stats.error_kinds.pop(kind, None)
 
 
 def session_row(t: Any, f: Path, e: dict[str, Any], asm: dict[str, Any]) -> dict[str, Any]:
@@ -236,10 +256,33 @@ def session_row(t: Any, f: Path, e: dict[str, Any], asm: dict[str, Any]) -> dict
         "n_tool_calls": sum(len(x["tool_calls"]) for x in asst),
         "n_tool_errors": sum(1 for x in t.turns if x["role"] == "tool" and x.get("tool_error") is not None),
     }  # fmt: skip
+    if not row["title"] and (request := first_request(t.turns)):
+        row["title"], row["title_from"] = request, "first_request"
     for k in ("sidechain", "agent_id", "parent_tool_use_id", "parent", "parent_session", "subagents", "from"):
         if k in m:
             row[k] = m[k]
     return {**row, "asm": asm}
+
+
+_COMMAND_RX = re.compile(r"<command-name>(.*?)</command-name>", re.S)
+_ARGS_RX = re.compile(r"<command-args>(.*?)</command-args>", re.S)
+_TAG_RX = re.compile(r"</?[A-Za-z][\w-]*>")
+
+
+def first_request(turns: list[dict[str, Any]], limit: int = 100) -> str:
+    """A title for a session whose log has none: its first user request, on one line, at most ``limit``
+    characters (as claude-code-log shows a session without a summary)."""
+    for x in turns:
+        if x["role"] == "user" and isinstance(x.get("content"), str):
+            text = x["content"]
+            cmd = _COMMAND_RX.search(text)
+            if cmd is not None:  # a slash command: its name and arguments, not the CLI's wrapper tags
+                args = _ARGS_RX.search(text)
+                text = cmd.group(1) + (" " + args.group(1) if args else "")
+            text = " ".join(_TAG_RX.sub(" ", text).split())
+            if text:
+                return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    return ""
 
 
 def link(f: Path) -> dict[str, Any]:

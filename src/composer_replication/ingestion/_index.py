@@ -28,7 +28,7 @@ from composer_replication._io import atomic_open
 from composer_replication.ingestion import _json
 from composer_replication.ingestion._files import split_lines
 
-INDEX_VERSION = 2
+INDEX_VERSION = 4
 TAIL_BYTES = 4096
 
 

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication._io import atomic_open, atomic_write_json
+from composer_replication._lock import directory_lock
 from composer_replication.ingestion import _index as ix
 from composer_replication.ingestion import _json
 from composer_replication.ingestion._base import failed
 from composer_replication.ingestion._files import SessionFileError, read_session_bytes, scan_session_files
 from composer_replication.ingestion._folder import OUTPUTS, FileResult, FolderJob, process_folder
+from composer_replication.ingestion._index_check import check_index, drop_bad_ranges, seal
 from composer_replication.ingestion._select import Filters, head_info, project_dir
 from composer_replication.ingestion._session import IngestionStats
 from composer_replication.ingestion.store import EXAMPLES_FORMAT, FORMAT_VERSION, STATES_FORMAT, header
@@ -84,6 +86,7 @@ def ingest_paths(
     only a "Warmup" exchange) are left out unless ``keep_trivial``. Everything left out is counted.
     ``jobs > 1`` processes project folders in that many worker processes (same output, byte for byte).
     """
+    from composer_replication.ingestion.redact import rules_id
     from composer_replication.wire import SYSTEM_PROMPT
 
     out = Path(out_dir)
@@ -101,15 +104,30 @@ def ingest_paths(
         )
     filters = Filters.make(since, until, project, session)
     system_prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
-    parse_opts = {"redact": redact, "skip_sidechain": skip_sidechain}
+    # The parts hold redacted text: a change of the redaction rules re-parses every file (re-redacts them).
+    parse_opts = {"redact": redact, "skip_sidechain": skip_sidechain, "rules": rules_id() if redact else None}
     options = {**parse_opts, "system_prompt": system_prompt, "strip_thinking": strip_thinking,
                "max_history_tokens": max_history_tokens, "example_max_tokens": example_max_tokens,
                "token_counter": getattr(token_counter, "__qualname__", None), "keep_trivial": keep_trivial}  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    idx = ix.load_index(out, parse_opts) if not force else ix.load_index(Path("/nonexistent"), parse_opts)
     kw = dict(system_prompt=system_prompt, strip_thinking=strip_thinking, max_history_tokens=max_history_tokens,
               token_counter=token_counter, redact=redact, example_max_tokens=example_max_tokens,
               skip_sidechain=skip_sidechain)  # fmt: skip
+    with directory_lock(out, "ingest output folder"):
+        return _ingest_locked(out, files, skipped, filters, options, parse_opts, kw, force, progress, jobs)
+
+
+def _ingest_locked(
+    out: Path, files: list[Path], skipped: list[dict[str, str]], filters: Filters, options: dict[str, Any],
+    parse_opts: dict[str, Any], kw: dict[str, Any], force: bool, progress: bool, jobs: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The run, while this process holds ``out``'s lock (one ingest per output folder at a time)."""
+    from composer_replication.ingestion.redact import Redactor
+
+    skip_sidechain, token_counter = kw["skip_sidechain"], kw["token_counter"]
+    idx = check_index(
+        ix.load_index(out, parse_opts) if not force else ix.load_index(Path("/nonexistent"), parse_opts)
+    )
+    scrub = Redactor(enabled=kw["redact"]).redact  # the index keeps the working directory as the items do
 
     total = IngestionStats()
     absp: dict[Path, str] = {}
@@ -125,6 +143,8 @@ def ingest_paths(
                 entries[f], status[f] = old, "unchanged"
                 continue
             info = head_info(f, read_session_bytes(f, 65536))
+            if "cwd" in info:
+                info["cwd"] = scrub(info["cwd"])
         except (SessionFileError, OSError) as exc:
             msg = (
                 str(exc)
@@ -138,6 +158,7 @@ def ingest_paths(
         if (
             old
             and old["format"] == info["format"]
+            and "offset" in old
             and st.st_size >= old["offset"]
             and old.get("tail") is not None
         ):
@@ -179,6 +200,7 @@ def ingest_paths(
         ]
     )
     prev = _Previous(out, _outputs_match(out, idx))
+    drop_bad_ranges(entries.values(), prev.old, idx["outputs"])
     (out / "parts").mkdir(parents=True, exist_ok=True)
     bar = None
     if progress:
@@ -202,7 +224,7 @@ def ingest_paths(
         clean = (
             prev.usable
             and idx["folders"].get(str(folder)) == fsig
-            and all(status[f] == "unchanged" for f in fs)
+            and all(status[f] == "unchanged" and "ranges" in entries[f] for f in fs)
         )
         files_in = [(str(f), entries[f], status[f], base_id[f]) for f in fs]
         job = FolderJob(str(out), files_in, ag, clean, prev.usable, options, idx.get("outputs"), kw)
@@ -251,7 +273,14 @@ def ingest_paths(
     atomic_write_json(out / "store.json", store_meta)
     sizes = {n: (out / n).stat().st_size for n in _OUTPUTS}
     ix.save_index(
-        out, {**idx, "files": new_files, "folders": new_folders, "outputs": store_id, "output_sizes": sizes}
+        out,
+        {
+            **idx,
+            "files": {k: seal(e) for k, e in new_files.items()},
+            "folders": new_folders,
+            "outputs": store_id,
+            "output_sizes": sizes,
+        },  # fmt: skip
     )
     _prune_parts(out, new_files)
     totals = total.to_dict()

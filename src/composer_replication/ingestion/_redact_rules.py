@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from composer_replication.ingestion._redact_entropy import looks_random, wordy
+
 Find = Callable[[str, int], "tuple[int, int] | None"]
 
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -64,7 +66,7 @@ _ENV_RX = re.compile(
 )
 # Template / reference / placeholder values, never secrets.
 _PLACEHOLDER_RX = re.compile(
-    r"\$\{?\w|\{\{?|<[^>]*>|%\(|%s|\*{3}|x{4}|X{4}|\.\.\.|\[REDACTED|[~.]{0,2}/|\w+://"
+    r"\$\{?\w|\{\{?|<[^>]*>|%\(|%s|\*{3}|x{4}|X{4}|\.\.\.|\[REDACTED|\w+://"
     r"|(?i:your|my[_\-]|example|dummy|fake|sample|changeme|change[_\-]me|placeholder|redacted|replace"
     r"|(?:test|none|null|undefined|true|false|secret|password|token)\W*$)"
 )
@@ -86,9 +88,22 @@ def _strip_code_tail(v: str) -> str:
     return v
 
 
-def _env_value_ok(kind: str, keyword: str, v: str, quoted: bool, name_quoted: bool) -> bool:
-    """Does ``v`` look like a secret value of a ``kind`` (``token``/``password``) name? (See docs/ingestion.md.)"""
-    if len(v) < (6 if quoted and kind == "password" else 8) or _PLACEHOLDER_RX.match(v):
+def _path_like(v: str) -> bool:
+    """``/run/secrets/db``, ``~/.aws/key``, ``./x``: a path, not a secret; a base64 value that starts with ``/``
+    (1 in 64 do) has ``+`` or ``=`` or a random-looking piece between its slashes."""
+    body = v.lstrip("~.")
+    if len(v) - len(body) > 2 or not body.startswith("/") or "+" in v or v.endswith("="):
+        return False
+    return not any(len(p) >= 12 and looks_random(p) for p in body.split("/"))
+
+
+def _env_value_ok(
+    kind: str, keyword: str, v: str, quoted: bool, name_quoted: bool, env_line: bool = False
+) -> bool:
+    """Does ``v`` look like a secret value of a ``kind`` (``token``/``password``) name? (See docs/ingestion.md.)
+    ``env_line``: ``NAME=value`` in an environment file or shell (upper-case name, no spaces): a password
+    of letters only counts there."""
+    if len(v) < (6 if quoted and kind == "password" else 8) or _PLACEHOLDER_RX.match(v) or _path_like(v):
         return False
     if not quoted and v[0] in "([{":
         return False  # an expression: ``pwd = (self.password.encode() ...``
@@ -99,7 +114,7 @@ def _env_value_ok(kind: str, keyword: str, v: str, quoted: bool, name_quoted: bo
             len(v) >= 20 and any(c.isupper() for c in v) and any(c.islower() for c in v)
         ):
             return False
-    elif not quoted and not _has_digit(v) and not any(c in _SYMBOLS for c in v):
+    elif not quoted and not env_line and not _has_digit(v) and not any(c in _SYMBOLS for c in v):
         return False
     if quoted:
         return True
@@ -136,9 +151,21 @@ def _env_find(text: str, pos: int) -> tuple[int, int] | None:
         v, start = m.group("qv"), m.start("qv")
     else:
         v, start = _strip_code_tail(m.group("uv")), m.start("uv")
-    if not _env_value_ok(kind, name, v, quoted, bool(m.group("q"))):
+    if not _env_value_ok(kind, name, v, quoted, bool(m.group("q")), _env_line(text, pos, m)):
         return None
     return start, start + len(v)
+
+
+def _env_line(text: str, pos: int, m: re.Match[str]) -> bool:
+    """``DB_PASSWORD=value``: an upper-case name starting a line or a shell word, ``=`` with no spaces around."""
+    if m.group("sep") != "=" or m.group("q") or m.end("sep") != m.start("uv"):
+        return False
+    if not text[pos : m.start("sep")].replace("_", "").replace("-", "").isupper():
+        return False
+    i = pos
+    while i > 0 and (text[i - 1].isupper() or text[i - 1].isdigit() or text[i - 1] == "_"):
+        i -= 1
+    return i == 0 or text[i - 1] in "\n\t ;+\u2192"  # also an added patch line, a numbered Read line
 
 
 # The keyword's first letters in lower, upper and capitalised case; camelCase names (``apiKey``, ``authKey``)
@@ -151,6 +178,44 @@ _ENV_ANCHORS = (
     ),
     *("apiKe", "ApiKe", "auth_", "AUTH_", "Auth_", "auth-", "authk", "authK", "AuthK", "AUTHK"),
 )  # fmt: skip
+
+# -- AWS secret access keys next to their key id -----------------------------------------------------------
+
+_AWS_ID_RX = re.compile(r"(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])")
+_AWS_SECRET_RUN = re.compile(r"[A-Za-z0-9/+]+")
+_AWS_NEAR = 400  # characters either side of the key id
+
+
+def _aws_secret_like(v: str) -> bool:
+    """40 base64 characters that look random: both cases, few English words."""
+    return any(c.islower() for c in v) and any(c.isupper() for c in v) and wordy(v) < 0.4
+
+
+def _aws_pair_find(text: str, pos: int) -> tuple[int, int] | None:
+    """The secret access key written near an access key id (``AKIA...``), in any layout: the same line, the
+    next lines, a JSON object or array, an env block. The nearest 40-character base64 run within
+    ``_AWS_NEAR`` characters either side of the id, before or after it."""
+    m = _AWS_ID_RX.match(text, pos)
+    if m is None or not boundary_ok(text, pos):
+        return None
+    best: tuple[int, int, int] | None = None
+    lo, hi = max(0, pos - _AWS_NEAR), min(len(text), m.end() + _AWS_NEAR)
+    for r in _AWS_SECRET_RUN.finditer(text, lo, hi):
+        s, e = r.span()
+        if e - s == 41 and (
+            (s > 0 and text[s - 1] == "\\" and text[s] in "nrt")  # an escaped newline glued to it
+            or (text[s] == "+" and (s == 0 or text[s - 1] == "\n"))  # an added patch line
+        ):
+            s += 1
+        if e - s != 40 or (e == hi and e < len(text) and _AWS_SECRET_RUN.match(text, e)):
+            continue
+        if (s == lo and s > 0 and _AWS_SECRET_RUN.match(text, s - 1)) or not _aws_secret_like(text[s:e]):
+            continue
+        dist = s - m.end() if s >= m.end() else pos - e
+        if best is None or dist < best[0]:
+            best = (dist, s, e)
+    return None if best is None else (best[1], best[2])
+
 
 # -- e-mail addresses -------------------------------------------------------------------------------------
 
@@ -237,6 +302,7 @@ RULES: list[tuple[str, tuple[str, ...], Find]] = [
             boundary=False,
         ),
     ),
+    ("aws_secret_key", ("AKIA", "ASIA"), _aws_pair_find),
     (
         "gcp_private_key_id",
         ('"priv',),
@@ -264,7 +330,12 @@ RULES: list[tuple[str, tuple[str, ...], Find]] = [
     (
         "url_password",
         ("://",),
-        _regex(r"://[^\s:/@'\"]*:(?!\[REDACTED)([^\s@/'\"]{3,})@", group=1, boundary=False),
+        _regex(r"://(?!\[REDACTED)[^\s:/@'\"]*:(?!\[REDACTED)([^\s@/'\"]{3,})@", group=1, boundary=False),
+    ),
+    (
+        "sentry_dsn",
+        ("://",),
+        _regex(r"://([0-9a-f]{32}(?::[0-9a-f]{32})?)@[A-Za-z0-9.\-]+(?::\d+)?/\d+", group=1, boundary=False),
     ),
     ("env_secret", _ENV_ANCHORS, _env_find),
     ("email", ("@",), _email_find),

@@ -101,12 +101,17 @@ class ClaudeCodeIngester(SessionIngester):
             or r.get("cwd") != ctx.get("cwd")
             or r.get("gitBranch") != ctx.get("branch")
         ):
-            meta = {k: r[f] for k, f in _META_FIELDS if isinstance(r.get(f), str) and r[f] != ctx.get(k)}
+            # The context keeps the values as the items hold them (redacted): it is saved in the ingest index.
+            meta = {}
+            for k, f in _META_FIELDS:
+                v = r.get(f)
+                if isinstance(v, str) and v != ctx.get(k):
+                    v = v if k == "sid" else self.redactor.redact(v)
+                    if v != ctx.get(k):
+                        meta[k] = v
             if meta:
-                ctx.update(
-                    meta
-                )  # the context keeps the raw values (to notice changes); items get redacted ones
-                it["meta"] = {k: v if k == "sid" else self.redactor.redact(v) for k, v in meta.items()}
+                ctx.update(meta)
+                it["meta"] = meta
         if t == "assistant" or t == "user":
             if isinstance(get("timestamp"), str):
                 it["ts"] = r["timestamp"]

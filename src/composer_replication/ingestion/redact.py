@@ -3,35 +3,42 @@
 What is covered (the shapes are in ``_redact_rules.py``, the list with examples in docs/ingestion.md):
 provider API keys with a recognisable shape (OpenAI, Anthropic, OpenRouter, AWS access key ids, GCP API
 keys, GitHub, GitLab, npm, Slack tokens and webhooks, Stripe, Hugging Face), AWS secret keys and GCP
-``private_key_id`` values written next to their names, PEM private-key blocks (also inside JSON strings,
-e.g. GCP service-account files), JWTs, ``Bearer``/``Basic`` credentials, passwords inside URLs and
-connection strings, values assigned to secret-looking names (``.env``, YAML, JSON, code, ``--password X``
-flags, ``getenv("NAME", "default")``), e-mail addresses, and these secrets
+``private_key_id`` values written next to their names (an AWS secret key also next to its ``AKIA`` id),
+Sentry DSN keys, random-looking unnamed tokens in a value position (``_redact_entropy.py``), PEM
+private-key blocks (also inside JSON strings, e.g. GCP service-account files), JWTs, ``Bearer``/``Basic``
+credentials, passwords inside URLs and connection strings, values assigned to secret-looking names
+(``.env``, YAML, JSON, code, ``--password X`` flags, ``getenv("NAME", "default")``), e-mail addresses, and
+these secrets
 - right after an escape (``key%3Dsk-ant-...``, ``\\nghp_...``),
 - base64-encoded (a Kubernetes secret, a Docker ``auth``, an encoded ``.env``), for the known prefixes,
 - split by a line continuation (a backslash-newline, also inside numbered ``Read`` output and ``+`` patch lines),
 - used as a JSON key (``redact_obj`` redacts keys as well as values).
 
-What is not covered: secrets without a recognisable shape or name (a bare 40-character random string, a
-password typed into free text), secrets split across several strings or string literals, other
-encodings (hex, rot13, gzip, URL-encoding inside the secret), e-mail addresses at uncommon generic
-top-level domains. Redaction is pattern based, not proof: treat redacted data as sensitive-but-reviewed,
-not as public.
+What is not covered: secrets without a recognisable shape or name outside a value position (a random token
+inside a sentence, a string that is one bare token), a password typed into free text, secrets split across
+several strings or string literals, other encodings (hex, rot13, gzip, URL-encoding inside the secret),
+e-mail addresses at uncommon generic top-level domains. Redaction is pattern based, not proof: treat
+redacted data as sensitive-but-reviewed, not as public.
 
 Every match becomes ``[REDACTED:<type>]``; placeholders never match again, so redaction is idempotent.
-Each rule runs only where one of its short anchors occurs (one pyahocorasick pass finds all of them), so
-ordinary text costs one scan and nothing else.
+Each rule runs only where one of its short anchors occurs (one Aho-Corasick pass finds all of them); the
+unnamed-token check runs only where a 32-character run occurs (one ``bytes.translate`` + ``find``), so
+ordinary text costs two scans and nothing else.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from composer_replication.ingestion import _redact_entropy as entropy
 from composer_replication.ingestion._redact_rules import BASE64_PREFIXES, RULES, Find
 
 try:
@@ -43,6 +50,7 @@ __all__ = ["SECRET_TYPES", "Redactor"]
 
 _PLACEHOLDER = "[REDACTED:{}]"
 _BASE64 = "base64_secret"
+_ENTROPY = "high_entropy"
 # A backslash-newline joins two lines (shell, Python, C). The next line may start with a ``Read`` line number
 # (``    12→`` or ``    12<TAB>`` as ``cat -n`` writes it) or a ``+`` (an added patch line) before the text.
 _LINE_PREFIX = re.compile("[ \\t]*\\d+(?:\u2192|\\t)|\\+")
@@ -136,9 +144,10 @@ class _RustScanner:
         """Whether any anchor occurs in ``data`` (UTF-8 bytes)."""
         return bool(self._ac.find_matches_as_indexes(data, overlapping=False))
 
-    def iter(self, text: str) -> Iterator[tuple[int, str]]:
+    def iter(self, text: str, data: bytes | None = None) -> Iterator[tuple[int, str]]:
+        """``data``: ``text.encode()`` when the caller has it (``None``: encoded here)."""
         try:
-            data = text.encode()
+            data = text.encode() if data is None else data
         except UnicodeEncodeError:
             return self._fallback.iter(text) if self._fallback is not None else _find_hits(text)
         found = self._ac.find_matches_as_indexes(data, overlapping=True)
@@ -215,7 +224,15 @@ def _b64_find(text: str, pos: int, anchor: str) -> tuple[int, int] | None:
 def _spans(text: str, *, nested: bool = False) -> list[tuple[int, int, int, str]]:
     """``(start, end, priority, type)`` of every secret in ``text`` (overlapping spans are merged later)."""
     spans: list[tuple[int, int, int, str]] = []
-    for end, anchor in _AUTOMATON.iter(text) if _AUTOMATON is not None else _find_hits(text):
+    try:
+        data: bytes | None = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: the scanner takes its fallback
+        data = None
+    if isinstance(_AUTOMATON, _RustScanner):
+        hits = _AUTOMATON.iter(text, data)
+    else:
+        hits = _AUTOMATON.iter(text) if _AUTOMATON is not None else _find_hits(text)
+    for end, anchor in hits:
         pos = end - len(anchor) + 1
         for prio, name, find in _BY_ANCHOR.get(anchor, ()):
             span = find(text, pos)
@@ -225,6 +242,10 @@ def _spans(text: str, *, nested: bool = False) -> list[tuple[int, int, int, str]
             span = _b64_find(text, pos, anchor)
             if span is not None:
                 spans.append((span[0], span[1], len(RULES), _BASE64))
+    if not nested and len(text) >= entropy.MIN_LEN:
+        found = entropy.find_all(text, text.encode("utf-8", "surrogatepass") if data is None else data)
+        if found:
+            spans.extend((s, e, len(RULES) + 1, _ENTROPY) for s, e in found)
     return spans
 
 
@@ -350,7 +371,7 @@ def _clean_json_text(encoded: bytes) -> bool:
     ``redact`` removes before scanning, so it can join an anchor) shows as ``\\\\\\n`` or ``\\\\\\r``: such
     values, values orjson cannot encode, and values with any anchor take the string-by-string walk.
     """
-    if b"\\\\\\n" in encoded or b"\\\\\\r" in encoded:
+    if b"\\\\\\n" in encoded or b"\\\\\\r" in encoded or entropy.may_have(encoded):
         return False
     if isinstance(_AUTOMATON, _RustScanner):
         return not _AUTOMATON.any_in(encoded)
@@ -360,4 +381,21 @@ def _clean_json_text(encoded: bytes) -> bool:
     return next(_find_hits(text), None) is None
 
 
-SECRET_TYPES: tuple[str, ...] = (*dict.fromkeys(r[0] for r in RULES), _BASE64)
+SECRET_TYPES: tuple[str, ...] = (*dict.fromkeys(r[0] for r in RULES), _BASE64, _ENTROPY)
+
+
+@functools.cache
+def rules_id() -> str:
+    """A hash of the redaction rules in use (the bytes of this module and of the rule table's module, as
+    installed: source, bytecode or compiled). Stored text redacted under other rules is redacted again: the
+    ingest index keeps it, and a change re-parses every session file."""
+    from composer_replication.ingestion import _redact_rules
+
+    return files_id([__file__, _redact_rules.__file__, entropy.__file__])
+
+
+def files_id(paths: list[str | None]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(Path(p).read_bytes() if p else b"?")
+    return h.hexdigest()[:16]
