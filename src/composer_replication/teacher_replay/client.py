@@ -9,7 +9,8 @@ deadline per attempt) and unreadable bodies are retried with exponential backoff
 honouring ``Retry-After``; a call that still fails becomes a result row with ``error`` set; every
 known API key is scrubbed from the text of each row and ledger note before it is written or raised;
 ``stop`` (one `safety.Stop`: a `KillSwitch`, a callable, or both combined) is observed with the spend
-before each send.
+before each send and during long waits; a stop ends every wait within about a second (``waits``);
+``Retry-After`` is honoured up to ``RetryPolicy.retry_after_max_s`` (30 s).
 
 What is not covered: a crash between a server's response and the cache append re-sends that one call
 on rerun (the ledger books it in full both times); spend outside this ledger file.
@@ -41,6 +42,7 @@ from .prompt import (
     cost_from_tokens,
 )
 from .types import DEFAULT_TEACHERS, TeacherCallResult, TeacherSpec, TraceState
+from .waits import Stopped, StopWatch
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ class RetryPolicy:
     max_attempts: int = 5
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
-    retry_after_max_s: float = 120.0
+    retry_after_max_s: float = 30.0  # a longer Retry-After (a hostile or confused server) waits this long
 
     def delay(self, attempt: int, retry_after_s: float | None) -> float:
         # Full jitter (AWS architecture blog): spreads retries of a burst of 429s apart.
@@ -148,8 +150,9 @@ async def replay_states(
 
     ``ledger_path`` persists the spend so a rerun starts from what was already booked (by default
     it sits beside the cache). ``stop`` and ``kill_switch`` (one `Stop`, see `safety.any_stop`) are
-    observed with the spend so far before each send;
-    on a reason, in-flight calls finish and are recorded, then ``KillSwitchTriggered`` is raised.
+    observed with the spend so far before each send and during long waits; on a reason every wait
+    ends (``teacher_replay.waits``: a request in flight gets 0.5 s more, then is abandoned and booked
+    in full), then ``KillSwitchTriggered`` is raised.
     """
     if concurrency < 1 or max_tokens < 1:
         raise ValueError("concurrency and max_tokens must be >= 1")
@@ -185,7 +188,8 @@ async def replay_states(
             call_backend[c.key] = by_teacher[spec["slug"]]
 
         sem = asyncio.Semaphore(concurrency)
-        state: dict[str, str | None] = {"stopped": None, "fatal": None}
+        state: dict[str, str | None] = {"fatal": None}
+        watch = StopWatch(halt, lambda: ledger.spent_usd)
         cooldown: dict[str, float] = {}  # teacher slug -> monotonic time before which nothing is sent
         bar = None
         if progress and todo:
@@ -193,25 +197,20 @@ async def replay_states(
 
             bar = tqdm(total=len(todo), unit="call", desc="replay", dynamic_ncols=True)
 
-        def _poll() -> str | None:
-            # before each send: feed the spend so far and ask for a reason (observe polls, too)
-            if state["stopped"] is None:
-                state["stopped"] = halt.observe(spend_usd=ledger.spent_usd)
-            return state["stopped"]
-
         async def one(call: _Call) -> TeacherCallResult:
             backend = call_backend[call.key]
             attempt = 0
             while True:
                 # A Retry-After from one call pauses every call to that teacher, not just the one retried.
-                pause = cooldown.get(call.spec["slug"], 0.0) - time.monotonic()
-                if pause > 0:
-                    await asyncio.sleep(pause)
+                try:
+                    await watch.sleep(cooldown.get(call.spec["slug"], 0.0) - time.monotonic())
+                except Stopped as stop:
+                    return _row(call, error=f"not sent: stopped: {stop.reason}")
                 async with sem:
                     if cooldown.get(call.spec["slug"], 0.0) > time.monotonic():
                         continue  # a 429 arrived while we queued: release the slot and wait it out
-                    if _poll():
-                        return _row(call, error=f"not sent: stopped: {state['stopped']}")
+                    if watch.poll():
+                        return _row(call, error=f"not sent: stopped: {watch.reason}")
                     if state["fatal"]:
                         return _row(call, error=f"not sent: {state['fatal']}")
                     res = await ledger.reserve(call.key, call.reserve_usd)
@@ -225,7 +224,13 @@ async def replay_states(
                     t0 = time.perf_counter()
                     report.n_http_requests += 1
                     try:
-                        resp = await backend.complete(call.request)
+                        resp = await watch.wait(backend.complete(call.request))
+                    except Stopped as stop:  # abandoned in flight: it may have been billed
+                        await ledger.settle(res, res.usd, note="stopped in flight: outcome unknown")
+                        return _row(
+                            call, latency_s=round(time.perf_counter() - t0, 4),
+                            error=f"stopped in flight: {stop.reason} (booked in full: it may have been billed)",
+                        )  # fmt: skip
                     except TeacherError as exc:
                         latency = time.perf_counter() - t0
                         if exc.cost_usd is not None:
@@ -269,7 +274,10 @@ async def replay_states(
                     cache.put(call.key, call.phash, row)
                     await cache.sync()
                     return row
-                await asyncio.sleep(retry.delay(attempt - 1, err.retry_after_s))
+                try:
+                    await watch.sleep(retry.delay(attempt - 1, err.retry_after_s))
+                except Stopped as stop:
+                    return _row(call, error=f"not sent: stopped: {stop.reason}")
 
         async def tracked(call: _Call) -> None:
             row = await one(call)
@@ -281,9 +289,11 @@ async def replay_states(
                     f"spent ${ledger.spent_usd:.4f} of ${ledger.max_total_usd:.2f}", refresh=False
                 )
 
+        watch.start()
         try:
             await asyncio.gather(*(tracked(c) for c in todo))
         finally:
+            await watch.close()
             if bar is not None:
                 bar.close()
         ledger.refresh()  # what other processes sharing the file booked meanwhile, for the totals
@@ -302,7 +312,7 @@ async def replay_states(
             report.n_errors += 1
             kind = str(r["error"]).split(":")[0][:40]
             report.errors_by_kind[kind] = report.errors_by_kind.get(kind, 0) + 1
-    report.stopped = state["stopped"]
+    report.stopped = watch.reason
     if report.stopped:
         raise KillSwitchTriggered(report.stopped)
     return report
