@@ -23,6 +23,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from composer_replication.config.run import (
+    MAX_TOTAL_USD,
+    REPLAY_CONCURRENCY,
+    REPLAY_MAX_TOKENS,
+    REPLAY_TIMEOUT_S,
+)
 from composer_replication.safety.stop import any_stop
 
 from .cache import ResultCache
@@ -38,13 +44,13 @@ async def replay_states(
     states: Sequence[TraceState],
     teachers: Sequence[TeacherSpec] = tuple(DEFAULT_TEACHERS),
     *,
-    max_total_usd: float = 5.0,
+    max_total_usd: float = MAX_TOTAL_USD,
     api_key: str | None = None,
     cache_path: str | Path | None = None,
     ledger_path: str | Path | None = None,
-    concurrency: int = 16,
-    max_tokens: int = 1024,
-    timeout_s: float = 120.0,
+    concurrency: int = REPLAY_CONCURRENCY,
+    max_tokens: int = REPLAY_MAX_TOKENS,
+    timeout_s: float = REPLAY_TIMEOUT_S,
     retry: RetryPolicy | None = None,
     stop: Callable[[], str | None] | None = None,
     kill_switch: Any = None,
@@ -83,14 +89,14 @@ async def replay_states(
 async def replay_trace(
     states: Sequence[TraceState],
     teachers: Sequence[TeacherSpec] = tuple(DEFAULT_TEACHERS),
-    max_total_usd: float = 5.0,
+    max_total_usd: float = MAX_TOTAL_USD,
     api_key: str | None = None,
     *,
     cache_path: str | Path | None = None,
     ledger_path: str | Path | None = None,
-    concurrency: int = 16,
-    max_tokens: int = 1024,
-    timeout_s: float = 120.0,
+    concurrency: int = REPLAY_CONCURRENCY,
+    max_tokens: int = REPLAY_MAX_TOKENS,
+    timeout_s: float = REPLAY_TIMEOUT_S,
     retry: RetryPolicy | None = None,
     stop: Callable[[], str | None] | None = None,
     kill_switch: Any = None,
