@@ -76,3 +76,36 @@ def test_cli_with_echoing_server_keeps_key_off_disk_and_terminal(tmp_path):
     files = "".join(f.read_text() for f in Path(out).iterdir() if f.is_file())
     assert "request: Bearer [REDACTED-API-KEY]" in files
     assert _leaks(files) == [] and _leaks(p.stdout + p.stderr) == []
+
+
+@pytest.mark.parametrize("key", ["EMPTY", "ollama", "a", "sk-no-key-required"])
+def test_a_placeholder_key_is_not_cut_out_of_teacher_answers(tmp_path, key):
+    """Local servers take any key (`EMPTY` for vLLM, `ollama`); it is no secret, and scrubbing it would
+    cut ordinary words out of the answers (every letter `a` of them, for the key `a`)."""
+    answer = '[TOOL_USE] name=Bash input={"command": "ollama run llama3 && echo EMPTY > a.txt"}'
+    with FakeOpenRouter(script=lambda info: Reply(text=answer, echo=True)) as srv:
+        rep = asyncio.run(
+            replay_states(sample_states(2), srv.teachers(("t/a",)), api_key=key, max_total_usd=1.0,
+                          cache_path=tmp_path / "calls.jsonl", progress=False)
+        )  # fmt: skip
+        assert srv.seen_auth == {f"Bearer {key}"}
+    assert rep.n_errors == 0
+    for row in rep.results:
+        assert row["response_text"].startswith(answer + " (request: Bearer " + key + " ")
+        assert REDACTED_KEY not in row["response_text"]
+
+
+def test_which_keys_could_be_secrets():
+    from composer_replication.teacher_replay.keys import could_be_secret
+
+    for placeholder in ("EMPTY", "ollama", "a", "token-abc123", "sk-no-key-required", "x" * 64, "ab" * 20):
+        assert not could_be_secret(placeholder), placeholder
+        assert KeyScrubber([placeholder])(f"say {placeholder}") == f"say {placeholder}"
+    for secret in (
+        KEY,
+        "sk-or-v1-" + "0123456789abcdef" * 4,
+        "hf_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3",
+        "0123456789abcdef",
+    ):
+        assert could_be_secret(secret), secret
+        assert KeyScrubber([secret])(f"say {secret}") == f"say {REDACTED_KEY}"

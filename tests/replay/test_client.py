@@ -43,8 +43,10 @@ def test_success_spend_matches_billed_and_key_never_persisted(fake_openrouter, t
     srv.script = lambda info: bodies.append(info.body) or Reply()
     caplog.set_level(logging.DEBUG)
     cache = tmp_path / "calls.jsonl"
-    rep = run(
-        replay_states(states, teachers, max_total_usd=1.0, api_key=SECRET, cache_path=cache, retry=FAST)
+    rep = run(  # max_tokens given: the default is the config's (test_replay_defaults_are_written_once)
+        replay_states(
+            states, teachers, max_total_usd=1.0, api_key=SECRET, cache_path=cache, retry=FAST, max_tokens=1024
+        )
     )
     assert [(r["state_id"], r["teacher_slug"]) for r in rep.results] == [
         (s["state_id"], t["slug"]) for s in states for t in teachers
@@ -260,3 +262,36 @@ def test_group_fsync_coalesces(tmp_path, monkeypatch):
     run(main())
     g.close()
     assert 1 <= len(calls) < 20 and g._synced == 20
+
+
+def test_replay_defaults_are_written_once():
+    """The spend cap, max_tokens, concurrency and timeout defaults of the library, the config section,
+    the API-reference entry points and the CLI are one set of values (config.run)."""
+    import argparse
+    import inspect
+
+    from composer_replication.cli import replay as replay_cli
+    from composer_replication.config import run as cfg
+    from composer_replication.replaysim.normalize import replay_and_normalize_trace
+    from composer_replication.teacher_replay.client import replay_trace
+
+    section = cfg.ReplayConfig()
+    assert (section.max_total_usd, section.max_tokens, section.concurrency) == (5.0, 512, 8)  # the config's
+    want = {"max_total_usd": cfg.MAX_TOTAL_USD, "max_tokens": cfg.REPLAY_MAX_TOKENS,
+            "concurrency": cfg.REPLAY_CONCURRENCY, "timeout_s": cfg.REPLAY_TIMEOUT_S}  # fmt: skip
+    assert (want["max_total_usd"], want["max_tokens"], want["concurrency"]) == (
+        section.max_total_usd,
+        section.max_tokens,
+        section.concurrency,
+    )
+    for fn in (replay_states, replay_trace):
+        params = inspect.signature(fn).parameters
+        assert {k: params[k].default for k in want} == want, fn.__name__
+    assert inspect.signature(replay_and_normalize_trace).parameters["max_total_usd"].default == 5.0
+    assert inspect.signature(price_run).parameters["max_tokens"].default == section.max_tokens
+    p = argparse.ArgumentParser()
+    replay_cli.add_arguments(p)
+    args = p.parse_args(["s.jsonl", "--out", "o", "--max-usd", "2"])
+    assert (args.max_total_usd, args.max_tokens, args.concurrency, args.timeout) == (
+        2.0, section.max_tokens, section.concurrency, cfg.REPLAY_TIMEOUT_S
+    )  # fmt: skip

@@ -5,14 +5,16 @@ Each subcommand lives in its own module ``composer_replication.cli.<module>`` ex
 the command being run is imported, so ``--help`` and light commands start fast.
 
 Exit codes: 0 success; 1 a user error (bad input, missing file or extra; the message says the fix);
-2 usage errors (argparse); an exception carrying an ``exit_code`` attribute exits with that code (3: the
-safety kill switch; 4: a spend overrun, ``teacher_replay.ledger.SpendOverrun``).
+2 usage errors (argparse); 141 when stdout's reader went away (``| head``), quietly; an exception
+carrying an ``exit_code`` attribute exits with that code (3: the safety kill switch; 4: a spend
+overrun, ``teacher_replay.ledger.SpendOverrun``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -61,7 +63,26 @@ def _top_parser() -> argparse.ArgumentParser:
     return p
 
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader went away
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a reader that goes away (``composer-replication status RUN | head -1``) ends it
+    quietly with exit 141, as a command killed by SIGPIPE would, instead of a BrokenPipeError traceback."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # argparse's --help/--version exit too: a pipe closed early fails here, not at exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush finds no pipe to fail on.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = _top_parser()
     if not argv or argv[0].startswith("-"):

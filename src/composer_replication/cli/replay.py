@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from composer_replication._io import atomic_write_json
 from composer_replication.cli._types import non_negative_float, positive_float, positive_int
+from composer_replication.config.run import REPLAY_CONCURRENCY, REPLAY_MAX_TOKENS, REPLAY_TIMEOUT_S
 
 if TYPE_CHECKING:
     from composer_replication.teacher_replay.types import TeacherSpec, TraceState
@@ -41,20 +42,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--base-url", help="send every teacher to this OpenAI-compatible server (vLLM, Ollama, ...)"
     )
     p.add_argument(
-        "--max-usd", type=non_negative_float, required=True, help="hard cap on recorded spend, in USD"
+        "--max-usd",
+        dest="max_total_usd",
+        type=non_negative_float,
+        required=True,
+        help="hard cap on recorded spend, in USD (replay_states' max_total_usd)",
     )
     p.add_argument("--dry-run", action="store_true", help="price the run and exit without sending")
-    p.add_argument("--concurrency", type=positive_int, default=16)
+    p.add_argument(
+        "--concurrency", type=positive_int, default=REPLAY_CONCURRENCY, help="requests in flight at once"
+    )
     p.add_argument(
         "--max-tokens",
         type=positive_int,
-        default=1024,
+        default=REPLAY_MAX_TOKENS,
         help="completion cap per call (bounds the worst case)",
     )
     p.add_argument(
         "--timeout",
         type=positive_float,
-        default=120.0,
+        default=REPLAY_TIMEOUT_S,
         help="seconds per attempt: one deadline for connecting, sending and reading the whole answer",
     )
     p.add_argument("--stop-file", type=Path, help="stop cleanly (exit 3) once this file exists")
@@ -156,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
     print(
         f"{len(states)} states x {len(teachers)} teachers = {price['calls_total']} calls "
         f"({price['calls_cached']} cached, {price['calls_to_send']} to send); "
-        f"expected ${price['expected_usd']:.4f}, worst case ${price['worst_case_usd']:.4f}, cap ${args.max_usd:.4f}",
+        f"expected ${price['expected_usd']:.4f}, worst case ${price['worst_case_usd']:.4f}, cap ${args.max_total_usd:.4f}",
         file=sys.stderr,
     )
     if args.dry_run:
@@ -171,7 +178,7 @@ def _run(args: argparse.Namespace) -> int:
 
     rep = asyncio.run(
         replay_states(
-            states, teachers, max_total_usd=args.max_usd, cache_path=cache, ledger_path=ledger,
+            states, teachers, max_total_usd=args.max_total_usd, cache_path=cache, ledger_path=ledger,
             concurrency=args.concurrency, max_tokens=args.max_tokens, timeout_s=args.timeout, stop=stop,
             progress=not args.no_progress,
         )
@@ -179,7 +186,7 @@ def _run(args: argparse.Namespace) -> int:
     summary = {
         "calls": len(rep.results), "cached": rep.n_cached, "sent": rep.n_sent, "errors": rep.n_errors,
         "errors_by_kind": rep.errors_by_kind, "spent_usd_this_run": rep.spent_usd,
-        "spent_usd_total": rep.total_usd, "max_usd": args.max_usd, "overrun": rep.overrun,
+        "spent_usd_total": rep.total_usd, "max_total_usd": args.max_total_usd, "overrun": rep.overrun,
     }  # fmt: skip
     atomic_write_json(args.out / "replay_summary.json", summary)
     print(json.dumps(summary, indent=2))
@@ -187,7 +194,7 @@ def _run(args: argparse.Namespace) -> int:
         from composer_replication.teacher_replay.ledger import SpendOverrun
 
         raise SpendOverrun(
-            f"spend overrun: {ledger} books ${rep.total_usd:.6f} against the ${args.max_usd:.6f} cap; a provider "
+            f"spend overrun: {ledger} books ${rep.total_usd:.6f} against the ${args.max_total_usd:.6f} cap; a provider "
             "billed above the prices the reservations were made with (entries marked overrun). Check the teacher prices"
         )
     return 0

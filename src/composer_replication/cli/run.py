@@ -37,7 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="run config (YAML or JSON); see docs/configuration.md and examples/")
     p.add_argument("--out", help="run directory (overrides `run_dir` in the config)")
     p.add_argument(
-        "--max-usd", type=non_negative_float, help="override replay.max_total_usd (the hard spend cap)"
+        "--max-usd",
+        dest="max_total_usd",
+        type=non_negative_float,
+        help="override replay.max_total_usd (the hard spend cap)",
     )
     add_force_argument(p)
     p.add_argument("--until", metavar="STAGE", help="stop after this stage")
@@ -65,8 +68,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
             out[key] = raw
-    if args.max_usd is not None:
-        out["replay.max_total_usd"] = args.max_usd
+    if args.max_total_usd is not None:
+        out["replay.max_total_usd"] = args.max_total_usd
     return out
 
 

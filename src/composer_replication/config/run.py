@@ -115,6 +115,16 @@ class TeacherConfig(_Section):
         return self
 
 
+# Replay's defaults, written once: the `replay` section below, `teacher_replay.replay_states` /
+# `replay_trace` / `price_run`, `replaysim.replay_and_normalize_trace` and the `replay` CLI take theirs
+# from here. The spend cap's 5.0 is the API reference's (`replay_trace(..., max_total_usd=5.0)`); the
+# reference fixes no default for the others, so they are the config's (512 tokens, 8 in flight).
+MAX_TOTAL_USD = 5.0
+REPLAY_MAX_TOKENS = 512
+REPLAY_CONCURRENCY = 8
+REPLAY_TIMEOUT_S = 120.0
+
+
 class ReplayConfig(_Section):
     """Teacher replay: every selected state goes to every teacher, under a hard dollar cap."""
 
@@ -123,7 +133,7 @@ class ReplayConfig(_Section):
         description="The teachers. Empty means the three OpenRouter defaults of `teacher_replay.DEFAULT_TEACHERS`.",
     )
     max_total_usd: float = Field(
-        5.0,
+        MAX_TOTAL_USD,
         ge=0.0,
         allow_inf_nan=False,
         description="Hard cap on the total spend of this run's replay, summed over reruns (the ledger persists).",
@@ -136,14 +146,16 @@ class ReplayConfig(_Section):
         None, ge=1, description="Replay at most this many states (the first ones in file order)."
     )
     max_tokens: int = Field(
-        512, ge=1, description="Completion cap per teacher call (also bounds each call's worst-case cost)."
+        REPLAY_MAX_TOKENS,
+        ge=1,
+        description="Completion cap per teacher call (also bounds each call's worst-case cost).",
     )
     history_messages: int | None = Field(
         None,
         ge=1,
         description="Send teachers only the system message and the last N messages of each state (long sessions overflow small teachers' context). The mined pairs keep the same shortened history.",
     )
-    concurrency: int = Field(8, ge=1, description="Requests in flight at once.")
+    concurrency: int = Field(REPLAY_CONCURRENCY, ge=1, description="Requests in flight at once.")
 
 
 class PairsConfig(_Section):

@@ -6,12 +6,19 @@
 
 Replay checks the later stages before anything is paid for, sends the selected training states to the
 teachers under the dollar cap (the cache and ledger make a rerun free), and releases in-process teachers.
+Ctrl-C or SIGTERM during the checks (which import data-juicer, build models and start a sandbox, and
+never poll the stop) ends them at once (`interruptible`); during the calls, replay's own waits end
+within about a second (``teacher_replay.waits``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import signal
+import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from composer_replication._io import atomic_write_json, read_jsonl, write_jsonl_atomic
@@ -78,13 +85,18 @@ def replay_stage(ctx: RunContext) -> dict[str, Any]:
             "so the later ones are checked before any call is paid for; use run_pipeline or `composer-replication run`"
         )
     last = names.index(ctx.until) if ctx.until in names else len(names) - 1
-    check_later_stages(ctx, names[names.index("replay") + 1 : last + 1])  # before anything is paid for
-    head, refs = replay_refs(ctx)
-    write_refs(ctx.path("replay", "states.jsonl"), head, refs, src=ctx.path("split", "train_states.jsonl"))
-    states = replay_selection(ctx)
+    with interruptible(ctx.stop):
+        check_later_stages(ctx, names[names.index("replay") + 1 : last + 1])  # before anything is paid for
+        head, refs = replay_refs(ctx)
+        write_refs(
+            ctx.path("replay", "states.jsonl"), head, refs, src=ctx.path("split", "train_states.jsonl")
+        )
+        states = replay_selection(ctx)
+        teachers = teacher_specs(ctx)  # in-process teachers' models resolved (a tiny one is built)
+        _load_local_teachers(ctx, states, teachers)
     rep = asyncio.run(
         replay_states(
-            states, teacher_specs(ctx), max_total_usd=rc.max_total_usd, cache_path=ctx.path("replay", "cache.jsonl"),
+            states, teachers, max_total_usd=rc.max_total_usd, cache_path=ctx.path("replay", "cache.jsonl"),
             ledger_path=ctx.path("replay", "ledger.jsonl"), concurrency=rc.concurrency, max_tokens=rc.max_tokens,
             stop=ctx.stop, progress=True,
         )
@@ -102,6 +114,64 @@ def replay_stage(ctx: RunContext) -> dict[str, Any]:
     if rep.overrun:  # the runner ends the run once this stage is recorded (SpendOverrun)
         summary.update(overrun=True, max_total_usd=rep.max_total_usd)
     return summary
+
+
+def _load_local_teachers(ctx: RunContext, states: list[TraceState], teachers: list[TeacherSpec]) -> None:
+    """Load the models of the in-process teachers that have calls to send, here, where a stop ends the
+    load at once (a load begun in the backend's worker thread runs to its end)."""
+    from composer_replication.teacher_replay.client import price_run
+
+    local = [t for t in teachers if t.get("backend") == "transformers"]
+    if not local:
+        return
+    todo = price_run(states, local, max_tokens=ctx.config.replay.max_tokens,
+                     cache_path=ctx.path("replay", "cache.jsonl"))["per_teacher"]  # fmt: skip
+    from composer_replication.teacher_replay.backends.transformers_local import preload
+
+    for t in local:
+        if todo.get(t["slug"], {}).get("calls"):
+            preload(str(t.get("model_path")))
+
+
+class _Interrupted(BaseException):
+    """Raised by `interruptible`'s signal handler; a BaseException, so no ``except Exception`` keeps it."""
+
+
+@contextlib.contextmanager
+def interruptible(stop: Any) -> Iterator[None]:
+    """While the body runs, SIGINT and SIGTERM end it at once with ``KillSwitchTriggered``.
+
+    For code that never polls the stop (imports, model building, a sandbox start). The handler that
+    was installed (the run's kill switch, which records the signal) runs first; then the body is
+    interrupted where it is. Only in the main thread, and only over handlers that are Python callables
+    (without a kill switch SIGINT already raises KeyboardInterrupt at once)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+    active = [True]
+
+    def handler(signum: int, frame: Any) -> None:
+        # the kill switch records the signal (and a second Ctrl-C raises KeyboardInterrupt there)
+        previous[signum](signum, frame)
+        if active[0]:
+            raise _Interrupted(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        old = signal.getsignal(sig)
+        if callable(old):
+            previous[sig] = old
+            signal.signal(sig, handler)
+    try:
+        yield
+    except _Interrupted as exc:
+        from composer_replication.safety.kill_switch import KillSwitchTriggered
+
+        raise KillSwitchTriggered(stop() or f"signal: {signal.Signals(exc.args[0]).name}") from None
+    finally:
+        active[0] = False
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def _release_local_teachers() -> None:

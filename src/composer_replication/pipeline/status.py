@@ -38,10 +38,15 @@ def last_checkpoint(run_dir: Path) -> Path | None:
 def run_status(run_dir: str | Path) -> dict[str, Any]:
     """A plain-data summary of ``run_dir`` (what ``composer-replication status`` prints)."""
     run_dir = Path(run_dir)
-    if not (run_dir / MANIFEST_NAME).exists():
-        raise FileNotFoundError(
-            f"{run_dir}: no {MANIFEST_NAME}; is this a run directory? (start one with `composer-replication run CONFIG`)"
+    start = f"start a run there with `composer-replication run CONFIG --out {run_dir}`"
+    if not run_dir.exists():
+        raise FileNotFoundError(f"{run_dir}: no such directory ({start})")
+    if not run_dir.is_dir():
+        raise NotADirectoryError(
+            f"{run_dir}: is a file, not a run directory (pass the directory `run` wrote)"
         )
+    if not (run_dir / MANIFEST_NAME).exists():
+        raise FileNotFoundError(f"{run_dir}: not a run directory: it has no {MANIFEST_NAME} ({start})")
     m = Manifest.load(run_dir)
     stages = {
         name: {

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import yaml
 
+from composer_replication.config.run import MAX_TOTAL_USD
 from composer_replication.teacher_replay.types import DPOPair, TeacherCallResult
 
 _RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes" / "replaysim"
@@ -205,7 +206,7 @@ async def replay_and_normalize_trace(
     states: Any,
     teachers: Any = None,
     agreement_threshold: int = 2,
-    max_total_usd: float = 5.0,
+    max_total_usd: float = MAX_TOTAL_USD,
     normalizer: DJNormalizer | None = None,
     **replay_kwargs: Any,
 ) -> tuple[list[TeacherCallResult], list[NormalizedDPOPair]]:

@@ -1,13 +1,16 @@
 """API key lookup: the argument, then the environment, then a ``.env`` file in the working directory.
 
 Keys are held in memory only: never logged, never written to the cache, ledger or any output; text
-that came from a server passes through :class:`KeyScrubber` before it is logged, raised or written.
+that came from a server passes through :class:`KeyScrubber` before it is logged, raised or written,
+which replaces every key that `could_be_secret` (placeholders such as ``EMPTY`` stay in the text).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import quote
@@ -46,15 +49,35 @@ def resolve_api_key(explicit: str | None = None, env_name: str = DEFAULT_KEY_ENV
 
 
 REDACTED_KEY = "[REDACTED-API-KEY]"
+MIN_SECRET_LEN = 16
+MIN_SECRET_BITS = 64.0
+
+
+def could_be_secret(key: str) -> bool:
+    """True when ``key`` could be a secret: at least ``MIN_SECRET_LEN`` (16) characters and at least
+    ``MIN_SECRET_BITS`` (64) bits of character entropy (its length times the Shannon entropy of its
+    characters, the usual secret-scanner estimate).
+
+    Every key a provider issues passes (OpenRouter's ``sk-or-v1-`` + 64 hex digits has ~290 bits); the
+    placeholders local servers take (``EMPTY``, ``ollama``, ``a``, ``token-abc123``,
+    ``sk-no-key-required``) and repetitive values do not: they are no secret, and scrubbing them would
+    cut ordinary words out of teacher answers.
+    """
+    if len(key) < MIN_SECRET_LEN:
+        return False
+    n = len(key)
+    entropy = -sum(c / n * math.log2(c / n) for c in Counter(key).values())
+    return n * entropy >= MIN_SECRET_BITS
 
 
 class KeyScrubber:
     """Replace every known API key in a text before it is logged, raised or written.
 
     A server may echo the request (the ``Authorization`` header, the whole request) in an error
-    message or in a completion. Each key is replaced in its plain form (which also covers
-    ``Bearer <key>``), its JSON-escaped form and its URL-encoded form. Keys are matched literally: a
-    key the server transforms further (base64, split across fields) is not recognised.
+    message or in a completion. Each key that `could_be_secret` is replaced in its plain form (which
+    also covers ``Bearer <key>``), its JSON-escaped form and its URL-encoded form; a placeholder key
+    (``EMPTY``, ``ollama``) is left in the text. Keys are matched literally: a key the server
+    transforms further (base64, split across fields) is not recognised.
     """
 
     def __init__(self, keys: Iterable[str | None] = ()) -> None:
@@ -63,7 +86,7 @@ class KeyScrubber:
             self.add(k)
 
     def add(self, key: str | None) -> None:
-        if not key:
+        if not key or not could_be_secret(key):
             return
         forms = {key, json.dumps(key)[1:-1], quote(key, safe="")}
         self._forms = sorted(set(self._forms) | forms, key=len, reverse=True)

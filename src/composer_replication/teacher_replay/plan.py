@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from composer_replication.config.run import REPLAY_MAX_TOKENS, REPLAY_TIMEOUT_S
+
 from .backends.base import ChatRequest
 from .cache import ResultCache, call_key, prompt_hash
 from .prompt import (
@@ -76,7 +78,7 @@ def plan_calls(
     teachers: Sequence[TeacherSpec],
     *,
     max_tokens: int,
-    timeout_s: float = 120.0,
+    timeout_s: float = REPLAY_TIMEOUT_S,
 ) -> list[_Call]:
     """Every (state, teacher) request with its cache key and its worst-case and expected cost."""
     slugs = [t.get("slug") for t in teachers]
@@ -116,7 +118,7 @@ def price_run(
     states: Sequence[TraceState],
     teachers: Sequence[TeacherSpec] = tuple(DEFAULT_TEACHERS),
     *,
-    max_tokens: int = 1024,
+    max_tokens: int = REPLAY_MAX_TOKENS,
     cache_path: str | Path | None = None,
 ) -> dict[str, Any]:
     """Price a run before spending: worst case (the reservations) and expected (~4 bytes/token,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from composer_replication.config.run import REPLAY_TIMEOUT_S
+
 BILLED_NOTHING = "nothing"  # the request was refused or never reached the server
 BILLED_UNKNOWN = "unknown"  # it may have been processed and billed: book the full reservation
 
@@ -15,7 +17,7 @@ class ChatRequest:
     messages: list[dict[str, str]]
     max_tokens: int
     temperature: float = 0.0
-    timeout_s: float = 120.0
+    timeout_s: float = REPLAY_TIMEOUT_S
     extra_body: dict[str, Any] = field(default_factory=dict)
 
 

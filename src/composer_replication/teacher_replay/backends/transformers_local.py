@@ -3,12 +3,17 @@ generation engine (``generation.LocalEngine``: greedy at temperature 0, else sam
 
 The model is loaded once per ``model_path`` and calls run one at a time in a worker thread, so the
 event loop stays responsive. Cost is ``tokens × price`` from the spec (normally 0 for local models).
+A call cancelled in the event loop (a stop: ``teacher_replay.waits``) stops its worker thread at the
+model's next decoder layer (`stop_on`), so the thread does not hold the process for the rest of a
+generation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from composer_replication._extras import require
@@ -17,6 +22,13 @@ from .base import ChatRequest, ChatResponse, TeacherError
 
 _MODELS: dict[str, tuple[Any, Any]] = {}
 _LOAD_LOCK = threading.Lock()
+
+
+def preload(model_path: str) -> None:
+    """Load (and keep) the model at ``model_path`` in this thread, before any call needs it: a caller
+    that can interrupt its own thread (``pipeline.replay_stages``) loads here, since a load in the
+    worker thread cannot be stopped once begun."""
+    _load(model_path)
 
 
 def _load(model_path: str) -> tuple[Any, Any]:
@@ -29,6 +41,32 @@ def _load(model_path: str) -> tuple[Any, Any]:
             model.eval()
             _MODELS[model_path] = (model, tok)
         return _MODELS[model_path]
+
+
+class GenerationCancelled(Exception):
+    """Raised inside a worker thread's forward pass once its call was cancelled."""
+
+
+@contextlib.contextmanager
+def stop_on(model: Any, cancel: threading.Event) -> Iterator[None]:
+    """While the body runs in this thread, every forward of ``model``'s layers (its
+    ``ModuleList`` members, and the model itself) first checks ``cancel`` and raises `GenerationCancelled`
+    once it is set. Other threads using the same model are not affected."""
+    import torch
+
+    me = threading.get_ident()
+
+    def check(module: Any, args: Any) -> None:
+        if cancel.is_set() and threading.get_ident() == me:
+            raise GenerationCancelled("the call was cancelled")
+
+    layers = [model, *(m for ml in model.modules() if isinstance(ml, torch.nn.ModuleList) for m in ml)]
+    handles = [m.register_forward_pre_hook(check) for m in layers]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 class TransformersBackend:
@@ -55,10 +93,19 @@ class TransformersBackend:
             cost_usd=None,
         )
 
+    def _generate_unless_cancelled(self, req: ChatRequest, cancel: threading.Event) -> ChatResponse:
+        model, _ = _load(self.model_path)
+        with stop_on(model, cancel):
+            return self._generate(req)
+
     async def complete(self, req: ChatRequest) -> ChatResponse:
         async with self._lock:
+            cancel = threading.Event()
             try:
-                return await asyncio.to_thread(self._generate, req)
+                return await asyncio.to_thread(self._generate_unless_cancelled, req, cancel)
+            except asyncio.CancelledError:
+                cancel.set()  # the worker thread stops at its next layer instead of finishing the answer
+                raise
             except (ImportError, ValueError, OSError):
                 raise
             except Exception as exc:  # a generation failure is one failed call, not a crashed run
