@@ -66,3 +66,19 @@ def test_status_of_what_is_not_a_run_directory_is_one_clear_line(tmp_path):
         assert p.returncode == 1 and p.stdout == "", p.stderr
         lines = p.stderr.strip().splitlines()
         assert len(lines) == 1 and says in lines[0] and str(path) in lines[0], p.stderr
+
+
+def test_run_as_the_program_the_cli_skips_the_last_cyclic_collection(tmp_path):
+    """After the command, the program's objects are frozen (gc.freeze): the interpreter's final cyclic
+    collection over torch & co. took seconds, which a Ctrl-C had to wait for. Called as a function
+    (argv given, e.g. from tests or a notebook) nothing is frozen."""
+    code = (
+        "import gc, sys\n"
+        "from composer_replication.cli.main import main\n"
+        f"assert main(['status', {str(tmp_path / 'missing')!r}]) == 1 and gc.get_freeze_count() == 0\n"
+        f"sys.argv = ['composer-replication', 'status', {str(tmp_path / 'missing')!r}]\n"
+        "code = main()\n"
+        "print(code, gc.get_freeze_count() > 0)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.split() == ["1", "True"], p.stderr
