@@ -112,186 +112,229 @@ def ingest_paths(
     kw = dict(system_prompt=system_prompt, strip_thinking=strip_thinking, max_history_tokens=max_history_tokens,
               token_counter=token_counter, redact=redact, example_max_tokens=example_max_tokens,
               skip_sidechain=skip_sidechain)  # fmt: skip
+    run = _Run(out, files, skipped, filters, options, parse_opts, kw, jobs if token_counter is None else 1)
     with directory_lock(out, "ingest output folder"):
-        return _ingest_locked(out, files, skipped, filters, options, parse_opts, kw, force, progress, jobs)
+        return run.go(force, progress)
 
 
-def _ingest_locked(
-    out: Path, files: list[Path], skipped: list[dict[str, str]], filters: Filters, options: dict[str, Any],
-    parse_opts: dict[str, Any], kw: dict[str, Any], force: bool, progress: bool, jobs: int,
-) -> dict[str, Any]:  # fmt: skip
-    """The run, while this process holds ``out``'s lock (one ingest per output folder at a time)."""
-    from composer_replication.ingestion.redact import Redactor
+class _Run:
+    """One ingest run, while this process holds the output folder's lock: decide per file what to redo
+    (:meth:`plan`), order the chosen files and cut them into folder jobs (:meth:`jobs`), run the jobs and
+    write the outputs (:meth:`write`), then save the store's metadata, the index and the stats
+    (:meth:`finish`)."""
 
-    skip_sidechain, token_counter = kw["skip_sidechain"], kw["token_counter"]
-    idx = check_index(
-        ix.load_index(out, parse_opts) if not force else ix.load_index(Path("/nonexistent"), parse_opts)
-    )
-    scrub = Redactor(enabled=kw["redact"]).redact  # the index keeps the working directory as the items do
+    def __init__(
+        self, out: Path, files: list[Path], skipped: list[dict[str, str]], filters: Filters,
+        options: dict[str, Any], parse_opts: dict[str, Any], kw: dict[str, Any], workers: int,
+    ) -> None:  # fmt: skip
+        self.out, self.files, self.skipped, self.filters = out, files, skipped, filters
+        self.options, self.parse_opts, self.kw, self.workers = options, parse_opts, kw, workers
+        self.total = IngestionStats()
+        self.absp: dict[Path, str] = {}
+        self.per_file: dict[Path, dict[str, Any]] = {}
+        self.entries: dict[Path, dict[str, Any]] = {}
+        self.status: dict[Path, str] = {}
+        self.new_files: dict[str, dict[str, Any]] = {}
+        self.new_folders: dict[str, str] = {}
+        self.store_id = ""
 
-    total = IngestionStats()
-    absp: dict[Path, str] = {}
-    per_file: dict[Path, dict[str, Any]] = {}
-    entries: dict[Path, dict[str, Any]] = {}
-    status: dict[Path, str] = {}
-    for f in files:
-        key = absp[f] = os.path.abspath(f)
-        old = idx["files"].get(key)
+    def go(self, force: bool, progress: bool) -> dict[str, Any]:
+        self.idx = check_index(ix.load_index(Path("/nonexistent") if force else self.out, self.parse_opts))
+        self.plan()
+        chosen = [f for f in self.entries if self.filters.keep(f, self.entries[f])]
+        self.total.n_sessions_filtered = len(self.entries) - len(chosen)
+        by_dir, order = self.order(chosen)
+        self.prev = _Previous(self.out, _outputs_match(self.out, self.idx))
+        drop_bad_ranges(self.entries.values(), self.prev.old, self.idx["outputs"])
+        (self.out / "parts").mkdir(parents=True, exist_ok=True)
+        # Index entries kept as they are: files not listed this time (or filtered out) that still exist.
+        listed = {self.absp[f] for f in order}
+        self.new_files = {k: v for k, v in self.idx["files"].items() if k not in listed and Path(k).exists()}
+        self.bar = _progress_bar(
+            progress, sum(self.entries[f]["size"] for f in order if self.status[f] != "unchanged")
+        )
         try:
-            st = f.stat()
-            if old and old["size"] == st.st_size and old["mtime_ns"] == st.st_mtime_ns:
-                entries[f], status[f] = old, "unchanged"
+            self.write(self.jobs(by_dir, chosen), {str(f): f for f in order})
+        finally:
+            self.prev.close()
+            if self.bar is not None:
+                self.bar.close()
+        return self.finish()
+
+    # -- step 1: what to redo, per file ---------------------------------------------------------------------
+
+    def plan(self) -> None:
+        """Per listed file: unchanged (size and mtime as indexed), appended (grew, fingerprint still there),
+        rewritten, new, or failed (cannot be read: counted and named)."""
+        from composer_replication.ingestion.redact import Redactor
+
+        scrub = Redactor(enabled=self.kw["redact"]).redact  # the index keeps the cwd as the items do
+        for f in self.files:
+            key = self.absp[f] = os.path.abspath(f)
+            old = self.idx["files"].get(key)
+            try:
+                st = f.stat()
+                if old and old["size"] == st.st_size and old["mtime_ns"] == st.st_mtime_ns:
+                    self.entries[f], self.status[f] = old, "unchanged"
+                    continue
+                info = head_info(f, read_session_bytes(f, 65536))
+            except (SessionFileError, OSError) as exc:
+                gone = f"{f}: no such file (deleted or moved after it was listed?)"
+                self._failed(f, str(exc) if isinstance(exc, SessionFileError) else gone)
                 continue
-            info = head_info(f, read_session_bytes(f, 65536))
             if "cwd" in info:
                 info["cwd"] = scrub(info["cwd"])
-        except (SessionFileError, OSError) as exc:
-            msg = (
-                str(exc)
-                if isinstance(exc, SessionFileError)
-                else f"{f}: no such file (deleted or moved after it was listed?)"
-            )
-            total.add(failed(IngestionStats(n_files=1), msg))
-            per_file[f] = {"file": str(f), "error": msg}
-            continue
-        e = {"part": ix.part_name(absp[f]), "size": st.st_size, "mtime_ns": st.st_mtime_ns, **info}
-        if (
-            old
-            and old["format"] == info["format"]
-            and "offset" in old
-            and st.st_size >= old["offset"]
-            and old.get("tail") is not None
-        ):
-            appended = old["offset"] > 0 and ix.file_tail_hash(f, old["offset"]) == old["tail"]
-            status[f] = "appended" if appended else "rewritten"
-            if appended:
-                e = {**old, **e, "first_ts": old["first_ts"]}
-        else:
-            status[f] = "rewritten" if old else "new"
-        entries[f] = e
-    chosen = [f for f in entries if filters.keep(f, entries[f])]
-    total.n_sessions_filtered = len(entries) - len(chosen)
+            e = {"part": ix.part_name(key), "size": st.st_size, "mtime_ns": st.st_mtime_ns, **info}
+            self.entries[f], self.status[f] = _changed(f, old, e)
 
-    # Trace ids: the file stem, made unique across folders when two files share one.
+    def _failed(self, f: Path, msg: str) -> None:
+        self.total.add(failed(IngestionStats(n_files=1), msg))
+        self.per_file[f] = {"file": str(f), "error": msg}
+
+    # -- step 2: order, trace ids, folder jobs ---------------------------------------------------------------
+
+    def order(self, chosen: list[Path]) -> tuple[dict[Path, list[Path]], list[Path]]:
+        """The chosen files per project folder, by first timestamp (resumed-session duplicates are dropped
+        against earlier files), the folders in name order; the store id of this set of inputs."""
+        by_dir: dict[Path, list[Path]] = {}
+        for f in chosen:
+            by_dir.setdefault(f.parent, []).append(f)
+        for fs in by_dir.values():
+            fs.sort(key=lambda p: (self.entries[p].get("first_ts", ""), p.name))
+        order = [f for d in sorted(by_dir) for f in by_dir[d]]
+        inputs = [(self.absp[f], self.entries[f]["size"], self.entries[f]["mtime_ns"]) for f in order]
+        self.store_id = ix.digest([FORMAT_VERSION, self.options, inputs])
+        return by_dir, order
+
+    def jobs(self, by_dir: dict[Path, list[Path]], chosen: list[Path]) -> list[FolderJob]:
+        """One job per project folder; a folder whose files and options did not change is "clean" (every
+        row is copied from the previous outputs)."""
+        base_id = _trace_ids(chosen, self.absp)
+        agents: dict[Path, list[str]] = {}
+        if not self.kw["skip_sidechain"]:
+            for f in chosen:
+                if f.name.startswith("agent-"):
+                    agents.setdefault(project_dir(f), []).append(f.stem[len("agent-") :])
+        out = []
+        for folder in sorted(by_dir):
+            fs = by_dir[folder]
+            ag = sorted(agents.get(project_dir(fs[0]), []))
+            files_in = [(str(f), self.entries[f], self.status[f], base_id[f]) for f in fs]
+            fsig = ix.digest(
+                [[(p, e["size"], e["mtime_ns"], b) for p, e, _, b in files_in], ag, self.options]
+            )
+            self.new_folders[str(folder)] = fsig
+            clean = (
+                self.prev.usable
+                and self.idx["folders"].get(str(folder)) == fsig
+                and all(self.status[f] == "unchanged" and "ranges" in self.entries[f] for f in fs)
+            )
+            out.append(FolderJob(str(self.out), files_in, ag, clean, self.prev.usable, self.options,
+                                 self.idx.get("outputs"), self.kw))  # fmt: skip
+        return out
+
+    # -- step 3: run the jobs, write the outputs -------------------------------------------------------------
+
+    def write(self, jobs_list: list[FolderJob], by_str: dict[str, Path]) -> None:
+        out = self.out
+        with (
+            atomic_open(out / "states.jsonl", "wb", encoding=None) as sfh,
+            atomic_open(out / "traces.jsonl", "wb", encoding=None) as tfh,
+            atomic_open(out / "sessions.jsonl", "wb", encoding=None) as cfh,
+        ):
+            sfh.write(_json.dumps(header(STATES_FORMAT, out, self.store_id, out / "states.jsonl")) + b"\n")
+            tfh.write(_json.dumps(header(EXAMPLES_FORMAT, out, self.store_id, out / "traces.jsonl")) + b"\n")
+            fhs = {"states.jsonl": sfh, "traces.jsonl": tfh, "sessions.jsonl": cfh}
+            for results in _run_jobs(jobs_list, self.workers):
+                for r in results:
+                    self._take(by_str[r.path], r, fhs)
+
+    def _take(self, f: Path, r: FileResult, fhs: dict[str, Any]) -> None:
+        """One file's result: its rows written (or copied), its counters added, its index entry kept."""
+        e = r.entry
+        if self.bar is not None and r.status != "unchanged":
+            self.bar.update(e["size"])
+        if r.error is not None:
+            self._failed(f, r.error)
+            return
+        if r.rows is None:
+            e["ranges"] = {n: self.prev.copy(n, e["ranges"][n], fhs[n]) for n in _OUTPUTS}
+        else:
+            e["ranges"] = {n: _write(fhs[n], r.rows[n]) for n in _OUTPUTS}
+        e["ranges_of"] = self.store_id
+        fst = e["stats"]
+        self.total.add(fst)
+        row = {"file": str(f), "format": e["format"], "status": r.status,
+               "states": fst.get("n_states_emitted", 0), "examples": fst.get("n_examples", 0),
+               "tool_errors": fst.get("n_tool_errors", 0), "bad_lines": fst.get("skipped_truncated_lines", 0)}  # fmt: skip
+        if fst.get("bad_lines"):
+            row["first_bad_lines"] = fst["bad_lines"]
+        self.per_file[f] = row
+        self.new_files[self.absp[f]] = e
+
+    # -- step 4: the store's metadata, the index, the stats ---------------------------------------------------
+
+    def finish(self) -> dict[str, Any]:
+        out = self.out
+        self.total.finish()
+        meta = {"format": "composer-replication/ingest", "version": FORMAT_VERSION, "store_id": self.store_id,
+                "options": self.options}  # fmt: skip
+        atomic_write_json(out / "store.json", meta)
+        sizes = {n: (out / n).stat().st_size for n in _OUTPUTS}
+        files = {k: seal(e) for k, e in self.new_files.items()}
+        index = {**self.idx, "files": files, "folders": self.new_folders, "outputs": self.store_id,
+                 "output_sizes": sizes}  # fmt: skip
+        ix.save_index(out, index)
+        _prune_parts(out, self.new_files)
+        totals = self.total.to_dict()
+        for k in ("bad_lines", "file_error"):
+            totals.pop(k, None)
+        result = {
+            "store_id": self.store_id, "out_dir": str(out),
+            "totals": {**totals, "n_files_skipped": len(self.skipped)},
+            "filters": {k: v for k, v in self.filters.describe().items() if v},
+            "files": [self.per_file[f] for f in self.files if f in self.per_file],
+            "skipped": self.skipped,
+        }  # fmt: skip
+        with atomic_open(out / "ingest_stats.json", "wb", encoding=None) as fh:
+            fh.write(_json.dumps_pretty(result) + b"\n")
+        return result
+
+
+def _changed(f: Path, old: dict[str, Any] | None, e: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The entry and status of a file that is not unchanged: appended when it grew and the fingerprint of
+    its indexed part is still there (parsing resumes), else rewritten (known before) or new."""
+    if (
+        old
+        and old["format"] == e["format"]
+        and "offset" in old
+        and e["size"] >= old["offset"]
+        and old.get("tail") is not None
+    ):
+        if old["offset"] > 0 and ix.file_tail_hash(f, old["offset"]) == old["tail"]:
+            return {**old, **e, "first_ts": old["first_ts"]}, "appended"
+        return e, "rewritten"
+    return e, "rewritten" if old else "new"
+
+
+def _trace_ids(chosen: list[Path], absp: dict[Path, str]) -> dict[Path, str]:
+    """Trace ids: the file stem, made unique across folders when two files share one."""
     stems: dict[str, list[Path]] = {}
     for f in chosen:
         stems.setdefault(f.stem, []).append(f)
-    base_id = {
+    return {
         f: f.stem if len(fs) == 1 else f"{f.stem}~{ix.part_name(absp[f])[:8]}"
         for fs in stems.values()
         for f in fs
     }
-    agents: dict[Path, list[str]] = {}
-    if not skip_sidechain:
-        for f in chosen:
-            if f.name.startswith("agent-"):
-                agents.setdefault(project_dir(f), []).append(f.stem[len("agent-") :])
-    by_dir: dict[Path, list[Path]] = {}
-    for f in chosen:
-        by_dir.setdefault(f.parent, []).append(f)
-    for fs in by_dir.values():
-        fs.sort(key=lambda p: (entries[p].get("first_ts", ""), p.name))
-    order = [f for d in sorted(by_dir) for f in by_dir[d]]
-    store_id = ix.digest(
-        [
-            FORMAT_VERSION,
-            options,
-            [(absp[f], entries[f]["size"], entries[f]["mtime_ns"]) for f in order],
-        ]
-    )
-    prev = _Previous(out, _outputs_match(out, idx))
-    drop_bad_ranges(entries.values(), prev.old, idx["outputs"])
-    (out / "parts").mkdir(parents=True, exist_ok=True)
-    bar = None
-    if progress:
-        from tqdm import tqdm
 
-        todo = sum(entries[f]["size"] for f in order if status[f] != "unchanged")
-        bar = tqdm(total=todo, unit="B", unit_scale=True, desc="ingest")
-    # Index entries kept as they are: files not listed this time (or filtered out) that still exist.
-    listed = {absp[f] for f in order}
-    by_str = {str(f): f for f in order}
-    new_files = {k: v for k, v in idx["files"].items() if k not in listed and Path(k).exists()}
-    new_folders: dict[str, str] = {}
-    jobs_list = []
-    for folder in sorted(by_dir):
-        fs = by_dir[folder]
-        ag = sorted(agents.get(project_dir(fs[0]), []))
-        fsig = ix.digest(
-            [[(str(f), entries[f]["size"], entries[f]["mtime_ns"], base_id[f]) for f in fs], ag, options]
-        )
-        new_folders[str(folder)] = fsig
-        clean = (
-            prev.usable
-            and idx["folders"].get(str(folder)) == fsig
-            and all(status[f] == "unchanged" and "ranges" in entries[f] for f in fs)
-        )
-        files_in = [(str(f), entries[f], status[f], base_id[f]) for f in fs]
-        job = FolderJob(str(out), files_in, ag, clean, prev.usable, options, idx.get("outputs"), kw)
-        jobs_list.append(job)
-    with (
-        atomic_open(out / "states.jsonl", "wb", encoding=None) as sfh,
-        atomic_open(out / "traces.jsonl", "wb", encoding=None) as tfh,
-        atomic_open(out / "sessions.jsonl", "wb", encoding=None) as cfh,
-    ):
-        sfh.write(_json.dumps(header(STATES_FORMAT, out, store_id, out / "states.jsonl")) + b"\n")
-        tfh.write(_json.dumps(header(EXAMPLES_FORMAT, out, store_id, out / "traces.jsonl")) + b"\n")
-        fhs = {"states.jsonl": sfh, "traces.jsonl": tfh, "sessions.jsonl": cfh}
-        for results in _run_jobs(jobs_list, jobs if token_counter is None else 1):
-            for r in results:
-                f, e = by_str[r.path], r.entry
-                if bar is not None and r.status != "unchanged":
-                    bar.update(e["size"])
-                if r.error is not None:
-                    total.add(failed(IngestionStats(n_files=1), r.error))
-                    per_file[f] = {"file": str(f), "error": r.error}
-                    continue
-                if r.rows is None:
-                    e["ranges"] = {n: prev.copy(n, e["ranges"][n], fhs[n]) for n in _OUTPUTS}
-                else:
-                    e["ranges"] = {n: _write(fhs[n], r.rows[n]) for n in _OUTPUTS}
-                e["ranges_of"] = store_id
-                fst = e["stats"]
-                total.add(fst)
-                row = {"file": str(f), "format": e["format"], "status": r.status,
-                       "states": fst.get("n_states_emitted", 0), "examples": fst.get("n_examples", 0),
-                       "tool_errors": fst.get("n_tool_errors", 0), "bad_lines": fst.get("skipped_truncated_lines", 0)}  # fmt: skip
-                if fst.get("bad_lines"):
-                    row["first_bad_lines"] = fst["bad_lines"]
-                per_file[f] = row
-                new_files[absp[f]] = e
-    prev.close()
-    if bar is not None:
-        bar.close()
-    total.finish()
-    store_meta = {
-        "format": "composer-replication/ingest",
-        "version": FORMAT_VERSION,
-        "store_id": store_id,
-        "options": options,
-    }
-    atomic_write_json(out / "store.json", store_meta)
-    sizes = {n: (out / n).stat().st_size for n in _OUTPUTS}
-    ix.save_index(
-        out,
-        {
-            **idx,
-            "files": {k: seal(e) for k, e in new_files.items()},
-            "folders": new_folders,
-            "outputs": store_id,
-            "output_sizes": sizes,
-        },  # fmt: skip
-    )
-    _prune_parts(out, new_files)
-    totals = total.to_dict()
-    for k in ("bad_lines", "file_error"):
-        totals.pop(k, None)
-    result = {"store_id": store_id, "out_dir": str(out), "totals": {**totals, "n_files_skipped": len(skipped)},
-              "filters": {k: v for k, v in filters.describe().items() if v}, "files": [per_file[f] for f in files if f in per_file],
-              "skipped": skipped}  # fmt: skip
-    with atomic_open(out / "ingest_stats.json", "wb", encoding=None) as fh:
-        fh.write(_json.dumps_pretty(result) + b"\n")
-    return result
+
+def _progress_bar(progress: bool, todo: int) -> Any:
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=todo, unit="B", unit_scale=True, desc="ingest")
 
 
 def _not_subagent(f: Path, root: Path) -> bool:
