@@ -16,7 +16,7 @@ PKG = "composer_replication"
 # Top-level modules and packages of composer_replication, lowest layer first.
 LAYERS: list[tuple[str, set[str]]] = [
     ("foundation", {"", "_extras", "_io", "_lock", "config"}),
-    ("primitives", {"kernels", "losses", "encoding", "wire", "models", "safety"}),
+    ("primitives", {"kernels", "losses", "encoding", "wire", "tool_schemas", "models", "safety"}),
     ("losses", {"channels", "loss", "opsd", "distillation", "batch", "hint_generator"}),
     ("data", {"ingestion", "teacher_replay", "datagen"}),
     ("normalisation", {"replaysim"}),

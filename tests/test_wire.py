@@ -156,7 +156,7 @@ def test_system_text_names_and_schemas():
     )
     assert wire.system_text(["Bash", "Read"]).endswith("\nAvailable tools: Bash, Read.")
     text = wire.system_text(TOOL_SCHEMAS)
-    assert '- Edit input={"file_path": "path", "old_string"' in text
+    assert '- Edit input={"file_path": "the path of the file", "old_string"' in text
     assert wire.system_text(["Bash"], base="custom") == "custom\nAvailable tools: Bash."
     tr = {"turns": [{"role": "assistant", "content": "x", "tool_calls": [{"name": "Grep"}]}]}
     assert wire.trace_tools(tr) == ["Grep"] and wire.trace_tools({**tr, "tools": ["A"]}) == ["A"]
