@@ -65,22 +65,28 @@ def oracle_policy(task: Task) -> ScriptedPolicy:
 class HFPolicy:
     """A transformers causal LM behind its chat template; tool calls are parsed from its text (``wire``).
 
-    The tools are described in the system message (``task_prompt``), not through the template's
-    ``tools=`` argument, so the prompt is the one the model was trained on."""
+    Prompts are rendered by ``wire.render_ids`` with the sandbox tools' schemas (``tools``, default
+    ``TOOL_SCHEMAS``), in the active wire format: the prompt the model was trained on."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256, temperature: float = 0.7
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.7,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.tools = list(TOOL_SCHEMAS if tools is None else tools)
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.model_name = getattr(getattr(model, "config", None), "_name_or_path", None) or "hf-model"
 
     def __call__(self, messages: list[dict[str, Any]]) -> str:
         import torch
 
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
+        prompt = torch.tensor([wire.render_ids(self.tokenizer, messages, self.tools)], dtype=torch.long)
+        ids = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt)}
         with torch.no_grad():
             out = self.model.generate(
                 **ids,
