@@ -99,9 +99,9 @@ def openai_tool_call(name: str, args: Any, j: int = 0, call_id: str | None = Non
             "function": {"name": name, "arguments": arguments}}  # fmt: skip
 
 
-def _recorded_parts(content: str, calls: Sequence[Mapping[str, Any]]) -> tuple[str, list] | None:
-    """The prose and calls of a recorded action whose calls ingestion listed (their ids kept): its blocks
-    minus the tool lines and thinking blocks. None when a listed call has no line in ``content``."""
+def _recorded_parts(content: str, calls: Sequence[Mapping[str, Any]]) -> tuple[str, list, str] | None:
+    """The prose, calls and thinking of a recorded action whose calls ingestion listed (their ids kept):
+    its blocks minus the tool lines and thinking blocks. None when a listed call has no line in ``content``."""
     pairs = []
     for c in calls:
         args = c.get("arguments", c.get("input"))
@@ -111,7 +111,8 @@ def _recorded_parts(content: str, calls: Sequence[Mapping[str, Any]]) -> tuple[s
     if not lines <= set(parts):
         return None
     prose = ACTION_SEP.join(p for p in parts if p not in lines and not p.startswith(THINKING_TAG))
-    return prose.strip(), pairs
+    thinking = ACTION_SEP.join(p[len(THINKING_TAG) :].strip() for p in parts if p.startswith(THINKING_TAG))
+    return prose.strip(), pairs, thinking
 
 
 def assistant_message(content: str, calls: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -122,14 +123,17 @@ def assistant_message(content: str, calls: Sequence[Mapping[str, Any]] | None = 
     one, stays text (``content`` verbatim, no ``tool_calls``): the model sees what it wrote. The
     thinking blocks of an action with calls are not shown."""
     recorded = _recorded_parts(content, calls) if calls else None
+    thinking = ""
     if recorded is not None:
-        prose, pairs = recorded
+        prose, pairs, thinking = recorded
     else:
         parsed = _parse(content)[0]
         if not parsed.ok or not parsed.tool_calls:  # prose stays as written
             return {"role": "assistant", "content": content}
         prose, pairs = parsed.text, [(n, a, None) for n, a in parsed.tool_calls]
     msg: dict[str, Any] = {"role": "assistant", "content": prose}
+    if thinking:  # kept (ingested with strip_thinking off) as data; the templates here do not show it
+        msg["reasoning_content"] = thinking
     if pairs:
         msg["tool_calls"] = [openai_tool_call(n, a, j, i) for j, (n, a, i) in enumerate(pairs)]
     return msg
@@ -280,7 +284,8 @@ def text_messages(
             base = TEXT_SYSTEM_PROMPT if content == SYSTEM_PROMPT else content
             out.append({"role": "system", "content": system_text(tools, base=base)})
         elif role == "assistant":
-            out.append({"role": "assistant", "content": action_text(content, _calls_of(m))})
+            thinking = str(m.get("reasoning_content") or "")
+            out.append({"role": "assistant", "content": action_text(content, _calls_of(m), thinking)})
         elif role in ("tool", "user"):
             text = (
                 format_tool_result(str(m.get("name") or "tool"), content, bool(m.get("is_error")))
@@ -296,7 +301,7 @@ def text_messages(
     return out
 
 
-_PRIVATE_KEYS = ("is_error",)
+_PRIVATE_KEYS = ("is_error", "reasoning_content")
 
 
 def openai_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -229,6 +229,8 @@ def fit_messages(
     training rows: whole messages go first, the system message never.
     """
     msgs = [dict(m) for m in messages]
+    if len(render_ids(tok, msgs, tools)) <= max_len:
+        return msgs
     keep_first = 1 if msgs and msgs[0].get("role") == "system" else 0
     # Estimate from per-message token counts (one tokenizer call each), then verify by rendering:
     # re-rendering the whole history per dropped message is quadratic on long agent sessions.
