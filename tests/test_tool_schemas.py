@@ -126,3 +126,20 @@ def test_sandbox_tools_use_the_table():
     from composer_replication.datagen.tools import TOOL_SCHEMAS
 
     assert TOOL_SCHEMAS == [ts.CLAUDE_CODE_TOOLS[n] for n in ("Bash", "Read", "Write", "Edit")]
+
+
+def test_ingestion_writes_the_sessions_schemas_and_books_inputs_off_them(tmp_path):
+    """Traces carry their session's schemas; logged inputs a schema disagrees with (the bundled Codex logs
+    redact their arguments, so ``exec_command`` has no ``cmd``) are counted under one line each."""
+    from composer_replication.ingestion import ingest_paths, read_examples
+
+    res = ingest_paths([SESSIONS[0] / "codex"], tmp_path / "out")
+    t = res["totals"]
+    assert t["n_schema_mismatches"] > 0
+    assert t["schema_mismatches"]["codex exec_command: missing required argument 'cmd'"] > 0
+    assert all("\n" not in k and k.startswith("codex ") for k in t["schema_mismatches"])
+    for ex in read_examples(tmp_path / "out" / "traces.jsonl"):
+        assert [s["function"]["name"] for s in ex["tool_schemas"]] == ex["tools"]
+        shell = next((s for s in ex["tool_schemas"] if s["function"]["name"] == "shell"), None)
+        if shell is not None:  # the table's schema, as the harness declares it
+            assert shell["function"]["parameters"]["properties"]["command"]["type"] == "array"

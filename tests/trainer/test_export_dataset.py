@@ -55,6 +55,7 @@ def test_openai_rows_are_the_conversations_with_their_tools(ingest_dir, tmp_path
     assert isinstance(call["function"]["arguments"], str) and json.loads(call["function"]["arguments"])
 
 
+@pytest.mark.slow  # ~30 s alone: three SFT steps on 1k-token rows (the tool schemas alone are ~1k tokens)
 def test_the_export_trains_trls_sfttrainer_through_its_tool_path(ingest_dir, tmp_path, tiny_tokenizer):
     from datasets import load_dataset
     from trl import SFTConfig, SFTTrainer

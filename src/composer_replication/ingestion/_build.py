@@ -60,15 +60,27 @@ def conversation_tools(conv: Conversation) -> list[str]:
     return sorted({b.name for seg in conv.segments for ev in seg if ev.blocks for b in ev.blocks if b.name})
 
 
-def conversation_schemas(conv: Conversation, tools: list[str], source: str) -> list[dict[str, Any]]:
-    """The schemas of ``tools`` (in that order) from the inputs the conversation logged for each."""
+def conversation_schemas(
+    conv: Conversation, tools: list[str], source: str, stats: IngestionStats
+) -> list[dict[str, Any]]:
+    """The schemas of ``tools`` (in that order) from the inputs the conversation logged for each; a
+    logged input the schema still disagrees with (a type, a missing required key) is counted in
+    ``stats`` under one line naming the source, the tool and the argument."""
     seen: dict[str, list[Any]] = {t: [] for t in tools}
     for seg in conv.segments:
         for ev in seg:
             for b in ev.blocks or []:
                 if b.kind == "tool_use" and b.name in seen:
                     seen[b.name].append(b.input)
-    return tool_schemas.tools_for(source, seen)
+    schemas = tool_schemas.tools_for(source, seen)
+    for schema, inputs in zip(schemas, seen.values(), strict=True):
+        for args in inputs:
+            problems = tool_schemas.input_problems(schema, args)
+            stats.n_schema_mismatches += bool(problems)
+            for p in problems:
+                key = f"{source} {p}"
+                stats.schema_mismatches[key] = stats.schema_mismatches.get(key, 0) + 1
+    return schemas
 
 
 def build_traces(
@@ -85,7 +97,7 @@ def build_traces(
 def _build_one(conv: Conversation, trace_id: str, opts: BuildOptions, stats: IngestionStats) -> Trace:
     tools = conversation_tools(conv)
     system = opts.system_prompt
-    schemas = conversation_schemas(conv, tools, opts.source)
+    schemas = conversation_schemas(conv, tools, opts.source, stats)
     trace = Trace(trace_id, opts.source, tools, system, schemas, meta=dict(conv.meta))
     # the system turn shows the tools too (the chat template lists their schemas)
     sys_tokens = opts.token_counter(system) + opts.token_counter(json.dumps(schemas, ensure_ascii=False))
