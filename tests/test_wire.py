@@ -3,6 +3,7 @@ evaluation; the format's pieces round-trip; no other module spells them."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -43,8 +44,10 @@ def _tokenizer(name: str):
 
 @pytest.mark.parametrize("tok_name", ["tiny", "qwen", "smollm2"])
 def test_same_state_same_prompt_ids_in_training_grpo_and_evaluation(ingested, tok_name):
+    from composer_replication import encoding
     from composer_replication.pipeline.evaluate import is_error_site, prompt_ids
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
+    from composer_replication.trainer.grpo_build import dataset_rows
     from composer_replication.trainer.grpo_run import build_rows, fit_prompt
 
     states, traces = ingested
@@ -60,11 +63,10 @@ def test_same_state_same_prompt_ids_in_training_grpo_and_evaluation(ingested, to
             continue
         # evaluation: the prompt GreedyGenerator feeds the model
         ev = prompt_ids(tok, state, 10**6)[0].tolist()
-        # GRPO: the row's prompt as TRL renders it (GRPOTrainer._tokenize_prompts)
-        prompt = fit_prompt(tok, rows[state["state_id"]]["prompt"], 10**6)
-        grpo = tok.apply_chat_template(
-            conversation=[prompt], add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"][0]
+        # GRPO: the row's prompt as ComposerReplicationTrainer._tokenize_prompts renders it for TRL
+        row = dataset_rows([rows[state["state_id"]]])[0]  # through the Arrow shape and back
+        prompt = fit_prompt(tok, row["prompt"], 10**6, json.loads(row["tools"]))
+        grpo = encoding.render_prompt_ids(tok, prompt, json.loads(row["tools"]))
         # training: the collator's row for the trace whose last turn is this state's recovery
         out = collator([sites[state["state_id"]]])
         ids, resp = out["input_ids"][0].tolist(), out["response_mask"][0].tolist()
@@ -74,7 +76,9 @@ def test_same_state_same_prompt_ids_in_training_grpo_and_evaluation(ingested, to
         # ... and the next tokens are the recorded recovery, the training target
         assert resp[n - 1] == 0 and resp[n] == 1
         recovery = sites[state["state_id"]]["turns"][-1]["content"]
-        assert tok.decode(ids[n:]).startswith(recovery)
+        assert tok.decode(ids[n:]).startswith(
+            wire.response_text(tok, recovery, wire.trace_tool_schemas(state))
+        )
         assert wire.canonical_action(recovery) == wire.canonical_action(state["student_action"])
         checked[state["source"]] += 1
     assert checked == {"claude_code": 2, "codex": 2}
@@ -85,8 +89,10 @@ def test_teacher_prompt_is_the_state_conversation_plus_review_instructions(inges
 
     state = ingested[0][5]
     msgs = build_messages(state)
-    assert msgs[1:] == state["messages"][1:]
-    assert msgs[0]["content"] == state["messages"][0]["content"] + "\n\n" + TEACHER_INSTRUCTIONS
+    text = wire.text_messages(state["messages"])  # teachers read the text format (an action line)
+    assert msgs[1:] == text[1:] and any("[TOOL_RESULT" in m["content"] for m in msgs)
+    assert msgs[0]["content"].startswith(wire.TEXT_SYSTEM_PROMPT + "\nAvailable tools: ")
+    assert msgs[0]["content"].endswith("\n\n" + TEACHER_INSTRUCTIONS)
     assert wire.ACTION_FORMAT in msgs[0]["content"]
 
 
@@ -123,7 +129,7 @@ def test_action_round_trip_and_malformed_lines():
     assert wire.canonical_action(wire.render_canonical(canon)) == canon
 
 
-def test_tool_result_hint_and_merging():
+def test_tool_results_hint_and_merging():
     res = wire.format_tool_result("Edit", "old_string not found", True)
     assert wire.parse_tool_result_head(res) == ("Edit", True)
     assert wire.parse_tool_result_head("plain text") is None
@@ -132,20 +138,62 @@ def test_tool_result_hint_and_merging():
         {"role": "assistant", "content": wire.format_tool_use("Edit", {"file_path": "a"})},
         {"role": "tool", "name": "Edit", "content": "boom", "tool_error": "boom"},
         {"role": "user", "content": "also this"},
+        {"role": "context", "content": "(a reminder)"},
         {"role": "assistant", "content": ""},
     ]
     msgs, where = wire.turns_to_messages(turns, "sys")
-    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
-    assert where == [1, 2, 3, 3, 4]
-    assert msgs[3]["content"] == "[TOOL_RESULT name=Edit is_error=true]\nboom\n\nalso this"
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "user", "assistant"]
+    assert where == [1, 2, 3, 4, 4, 5]
+    call = msgs[2]["tool_calls"][0]
+    assert msgs[2]["content"] == "" and call["function"] == {
+        "name": "Edit",
+        "arguments": '{"file_path": "a"}',
+    }
+    assert msgs[3] == {"role": "tool", "tool_call_id": call["id"], "name": "Edit", "content": "boom",
+                       "is_error": True}  # fmt: skip
+    assert msgs[4]["content"] == "also this\n\n(a reminder)"
     before = [dict(m) for m in msgs]
     hinted = wire.add_hint(msgs[:4], "read the file first")
     assert msgs == before  # no mutation
-    assert hinted[3]["content"].endswith("also this\n\n[HINT] read the file first")
+    assert hinted[4] == {"role": "user", "content": "[HINT] read the file first"}  # after the failed result
+    assert wire.add_hint(msgs[:5], "h")[4]["content"] == "also this\n\n(a reminder)\n\n[HINT] h"
     # merging a turn replaces the message object: a list holding the old one is not changed
-    shared = msgs[:4]
-    wire.append_turn(msgs := msgs[:4], {"role": "tool", "name": "Bash", "content": "ok", "tool_error": None})
-    assert shared[3]["content"].endswith("also this") and msgs[3]["content"].endswith("\nok")
+    shared = msgs[:5]
+    wire.append_turn(msgs := msgs[:5], {"role": "user", "content": "ok"})
+    assert shared[4]["content"].endswith("(a reminder)") and msgs[4]["content"].endswith("\nok")
+    # the text format: results merged with the user text that follows into one user message
+    text = wire.text_messages(before)
+    assert [m["role"] for m in text] == ["system", "user", "assistant", "user", "assistant"]
+    assert text[3]["content"] == "[TOOL_RESULT name=Edit is_error=true]\nboom\n\nalso this\n\n(a reminder)"
+    assert text[2]["content"] == wire.format_tool_use("Edit", {"file_path": "a"})
+    assert wire.text_messages(wire.add_hint(before[:4], "h"))[3]["content"].endswith("boom\n\n[HINT] h")
+
+
+def test_recorded_calls_keep_their_ids_and_results_answer_them():
+    line_a, line_b = (
+        wire.format_tool_use("Read", {"file_path": "a"}),
+        wire.format_tool_use("Bash", {"command": "ls"}),
+    )
+    turns = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": f"Looking.\n\n{line_a}\n\n{line_b}",
+         "tool_calls": [{"name": "Read", "arguments": {"file_path": "a"}, "id": "toolu_A"},
+                        {"name": "Bash", "arguments": {"command": "ls"}, "id": "toolu_B"}]},
+        {"role": "tool", "name": "Bash", "content": "x", "tool_error": None},  # answered out of order
+        {"role": "tool", "name": "Read", "content": "y", "tool_error": None, "tool_call_id": "toolu_A"},
+    ]  # fmt: skip
+    msgs, _ = wire.turns_to_messages(turns)
+    assert msgs[1]["content"] == "Looking." and [c["id"] for c in msgs[1]["tool_calls"]] == [
+        "toolu_A",
+        "toolu_B",
+    ]
+    assert [m["tool_call_id"] for m in msgs[2:]] == ["toolu_B", "toolu_A"]
+    # metadata that the content does not show is not trusted: the content is parsed instead
+    odd = wire.assistant_message("just text", [{"name": "Grep", "arguments": {"pattern": "x"}}])
+    assert odd == {"role": "assistant", "content": "just text"}
+    # a malformed answer stays text: the model sees what it wrote
+    bad = '<tool_call>{"name": "Bash", "arguments": {oops}</tool_call>'
+    assert wire.assistant_message(bad) == {"role": "assistant", "content": bad}
 
 
 def test_system_text_names_and_schemas():
@@ -156,7 +204,7 @@ def test_system_text_names_and_schemas():
     )
     assert wire.system_text(["Bash", "Read"]).endswith("\nAvailable tools: Bash, Read.")
     text = wire.system_text(TOOL_SCHEMAS)
-    assert '- Edit input={"file_path": "path", "old_string"' in text
+    assert '- Edit input={"file_path": "the path of the file", "old_string"' in text
     assert wire.system_text(["Bash"], base="custom") == "custom\nAvailable tools: Bash."
     tr = {"turns": [{"role": "assistant", "content": "x", "tool_calls": [{"name": "Grep"}]}]}
     assert wire.trace_tools(tr) == ["Grep"] and wire.trace_tools({**tr, "tools": ["A"]}) == ["A"]
@@ -176,13 +224,14 @@ def test_fit_messages_keeps_everything_that_fits_and_the_system_message(tiny_tok
 def test_task_prompt_is_the_grpo_row_prompt():
     from composer_replication.datagen.rollout import task_prompt
     from composer_replication.datagen.tasks import bundled_tasks
+    from composer_replication.datagen.tools import TOOL_SCHEMAS
     from composer_replication.pipeline.grpo_phase import task_rows
 
     tasks, rows = task_rows([])
     for row in rows:
         task = tasks[row["task"]]
-        assert row["prompt"] == task_prompt(task)
-        assert row["prompt"][0]["content"].startswith(wire.SYSTEM_PROMPT)
+        assert row["prompt"] == task_prompt(task) and row["tools"] == TOOL_SCHEMAS
+        assert row["prompt"][0]["content"] == wire.SYSTEM_PROMPT
         assert task.instruction in row["prompt"][1]["content"]
     assert set(tasks) == set(bundled_tasks())
 
@@ -195,7 +244,7 @@ def test_no_module_but_wire_spells_the_format():
     )
     offenders = []
     for path in SRC.rglob("*.py"):
-        if path.name == "wire.py":
+        if path.parent.name == "wire":
             continue
         for no, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line):

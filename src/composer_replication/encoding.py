@@ -42,13 +42,16 @@ def pad_rows(
     return out
 
 
-def render_prompt_ids(tokenizer: Any, messages: list[dict] | str) -> list[int]:
-    """Chat-template ``messages`` (with the generation prompt) into token ids; plain text passes through."""
+def render_prompt_ids(
+    tokenizer: Any, messages: list[dict] | str, tools: Sequence[Any] | None = None
+) -> list[int]:
+    """Chat-template ``messages`` with the session's ``tools`` (``wire.render_ids``: the generation
+    prompt, the active wire format) into token ids; plain text passes through."""
     if isinstance(messages, str):
-        text = messages
-    else:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(tokenizer(messages, add_special_tokens=False)["input_ids"])
+    from composer_replication import wire
+
+    return wire.render_ids(tokenizer, messages, tools)
 
 
 def encode_response(

@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from composer_replication import wire
 from composer_replication.hint_generator import (
     HINT_TEMPLATES,
     dispatch,
@@ -129,7 +130,8 @@ def test_sdpo_mask_covers_exactly_the_recovery_turn_and_hint_is_inserted(tiny_to
     col = ComposerDataCollator(tiny_tokenizer, CollatorConfig(max_seq_len=512, hint_generator=hint_for_error))
     out = col(exs)
     for b, ex in enumerate(exs):
-        recovery = ex["turns"][-1]["content"]
+        recovery = wire.response_text(tiny_tokenizer, ex["turns"][-1]["content"], wire.trace_tool_schemas(ex))
+        assert "<tool_call>" in recovery  # the recovery is a native tool call
         t = out["ctx_teacher_input_ids"][b][out["sdpo_loss_mask"][b].bool()]
         assert tiny_tokenizer.decode(t) == recovery + "<|im_end|>\n"
         full = tiny_tokenizer.decode(out["ctx_teacher_input_ids"][b][out["ctx_teacher_input_ids"][b] != 0])
@@ -257,7 +259,8 @@ def test_collator_with_qwen_tokenizer() -> None:
     for b in range(2):
         a = out["input_ids"][b][out["sdpo_student_mask"][b].bool()]
         assert torch.equal(a, out["ctx_teacher_input_ids"][b][out["sdpo_loss_mask"][b].bool()])
-        assert tok.decode(a) == exs[b]["turns"][-1]["content"] + "<|im_end|>\n"
+        recovery = wire.response_text(tok, exs[b]["turns"][-1]["content"], wire.trace_tool_schemas(exs[b]))
+        assert tok.decode(a) == recovery + "<|im_end|>\n"
         assert bool(((out["response_mask"][b] == 1) <= (out["attention_mask"][b] == 1)).all())
 
 

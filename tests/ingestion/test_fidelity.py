@@ -51,8 +51,10 @@ def test_meta_expansions_skills_and_attachments_are_context_of_their_turn(tmp_pa
         < first_user["content"].index("/review")
         < first_user["content"].index(EXPANSION)
     )
-    assert SKILL_BODY in states[1]["messages"][-1]["content"]
-    assert "[TOOL_RESULT name=Skill is_error=false]" in states[1]["messages"][-1]["content"]
+    assert SKILL_BODY in states[1]["messages"][-1]["content"]  # the skill body: context after the result
+    result = states[1]["messages"][-2]
+    assert result["role"] == "tool" and result["name"] == "Skill" and result["is_error"] is False
+    assert result["content"] == "Launching skill: pdf" and result["tool_call_id"] == sk["id"]
     turns = examples[0]["turns"]
     roles = [(x["role"], x.get("kind")) for x in turns]
     assert roles == [
@@ -141,7 +143,7 @@ def test_subagent_runs_are_linked_to_their_task_call(tmp_path: Path) -> None:
     assert by_trace["parent-sess@a1"] == ["There are three modules."]
     assert by_trace["agent-b2"] == ["The README says hello."]
     # Never part of the parent's history.
-    assert all("three modules." not in m["content"] or m["role"] == "user" for s in states
+    assert all("three modules." not in m["content"] or m["role"] == "tool" for s in states
                if s["trace_id"] == "parent-sess" for m in s["messages"])  # fmt: skip
     # Skipped by default.
     ingest_paths([proj], tmp_path / "out2")

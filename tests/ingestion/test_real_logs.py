@@ -80,7 +80,7 @@ def test_claude_code_counts_match_raw(path: Path) -> None:
     assert s.n_states_emitted + s.n_empty_turns == exp["turns"]
     for st in states:
         assert st["messages"][0]["role"] == "system"
-        assert {m["role"] for m in st["messages"]} <= {"system", "user", "assistant"}
+        assert {m["role"] for m in st["messages"]} <= {"system", "user", "assistant", "tool"}
         assert all(isinstance(m["content"], str) for m in st["messages"])
 
 
@@ -165,7 +165,7 @@ def test_codex_counts_match_raw(path: Path) -> None:
     assert len({st["state_id"] for st in states}) == len(states)
     for st in states:
         assert st["messages"][0]["role"] == "system"
-        assert {m["role"] for m in st["messages"]} <= {"system", "user", "assistant"}
+        assert {m["role"] for m in st["messages"]} <= {"system", "user", "assistant", "tool"}
 
 
 def test_codex_compaction_is_a_segment_boundary() -> None:

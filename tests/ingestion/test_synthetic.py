@@ -8,6 +8,7 @@ from pathlib import Path
 
 from _ingest_builders import CC, text, thinking, tool_use, write_jsonl
 
+from composer_replication import wire
 from composer_replication.ingestion import (
     ClaudeCodeIngester,
     CodexIngester,
@@ -54,10 +55,13 @@ def test_turns_merge_errors_and_thinking(tmp_path: Path) -> None:
     )
     # strip_thinking: the history given to teachers has no thinking.
     assert all("[THINKING]" not in m["content"] for st in states for m in st["messages"])
-    assert "[TOOL_RESULT name=Bash is_error=true]" in states[1]["messages"][-1]["content"]
+    assert not any(m.get("reasoning_content") for st in states for m in st["messages"])
+    last = states[1]["messages"][-1]
+    assert last["role"] == "tool" and last["name"] == "Bash" and last["is_error"] is True
     assert states[1]["error_kind"] == "runtime_error"
     kept = list(ClaudeCodeIngester(strip_thinking=False).ingest(p))
-    assert any("[THINKING]" in m["content"] for m in kept[1]["messages"])
+    assert any(m.get("reasoning_content") == "run tests first" for m in kept[1]["messages"])
+    assert any("[THINKING] run tests first" in m["content"] for m in wire.text_messages(kept[1]["messages"]))
     sites = [e for e in ing.last_examples if e["kind"] == "error_site"]
     assert len(sites) == 2
     for e in sites:
@@ -114,7 +118,13 @@ def test_parallel_tool_calls_on_sibling_branches_are_kept(tmp_path: Path) -> Non
     states = list(ClaudeCodeIngester().ingest(cc.write(tmp_path / "p.jsonl")))
     assert len(states) == 2
     assert states[0]["student_action"].count("[TOOL_USE]") == 2
-    assert states[1]["messages"][-1]["content"].count("[TOOL_RESULT") == 2
+    assert [m["role"] for m in states[1]["messages"][-2:]] == ["tool", "tool"]
+    calls = states[1]["messages"][-3]["tool_calls"]
+    assert (
+        [m["tool_call_id"] for m in states[1]["messages"][-2:]]
+        == [c["id"] for c in calls]
+        == [a["id"], b["id"]]
+    )
 
 
 def test_resumed_session_duplicates_dropped_across_files(tmp_path: Path) -> None:

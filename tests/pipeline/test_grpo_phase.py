@@ -28,9 +28,13 @@ PAIR = {"state_id": "s::1", "state_messages": [{"role": "user", "content": "fix 
 
 
 def _parrot(path, tok, prompt_messages, answer):
-    """A real tiny model that learned to answer ``prompt_messages`` with ``answer`` (150 AdamW steps)."""
+    """A real tiny model that learned to answer ``prompt_messages`` (with the sandbox tools) with
+    ``answer`` in the wire format (150 AdamW steps)."""
+    from composer_replication.datagen.tools import TOOL_SCHEMAS
+
     model = build_tiny_model(tokenizer=tok, seed=0)
-    prompt = tok.apply_chat_template(prompt_messages, add_generation_prompt=True, tokenize=False)
+    prompt = wire.render(tok, prompt_messages, TOOL_SCHEMAS)
+    answer = wire.response_text(tok, answer, TOOL_SCHEMAS)
     ids = tok(prompt + answer + tok.eos_token, add_special_tokens=False, return_tensors="pt")["input_ids"]
     labels = ids.clone()
     labels[:, : len(tok(prompt, add_special_tokens=False)["input_ids"])] = -100

@@ -100,7 +100,8 @@ def test_session_log_is_ingested_like_a_claude_code_session(tmp_path):
     states = list(ing.ingest(Path(r.session_log)))
     assert [s["state_id"] for s in states] == [f"obo::{i:04d}" for i in range(5)]
     assert states[0]["student_action"].startswith("Let me look.\n\n[TOOL_USE] name=Read input=")
-    assert "[TOOL_RESULT name=Edit is_error=true]" in states[2]["messages"][-1]["content"]
+    result = states[2]["messages"][-1]
+    assert result["role"] == "tool" and result["name"] == "Edit" and result["is_error"] is True
     assert states[-1]["student_action"] == "Fixed the off-by-one."
 
 

@@ -28,8 +28,13 @@ def test_error_sites_of_real_traces(ingested):
         assert s.turns[-1]["role"] in ("tool", "user") and s.recovery.strip() and s.hint
         assert any(t.get("role") == "tool" and t.get("tool_error") is not None for t in s.turns)
         student, teacher = op.site_messages(s, hinted=False), op.site_messages(s, hinted=True)
-        assert student[-1]["role"] == "user" and teacher[:-1] == student[:-1]
-        assert teacher[-1]["content"] == student[-1]["content"] + f"\n\n[HINT] {s.hint}"
+        assert s.schemas and [t["function"]["name"] for t in s.schemas] == list(s.tools)
+        if student[-1]["role"] == "user":  # the hint ends the user text after the failure
+            assert teacher[:-1] == student[:-1]
+            assert teacher[-1]["content"] == student[-1]["content"] + f"\n\n[HINT] {s.hint}"
+        else:  # ... or follows the failed result as a message of its own
+            assert student[-1]["role"] == "tool" and teacher[:-1] == student
+            assert teacher[-1] == {"role": "user", "content": f"[HINT] {s.hint}"}
     # overlapping windows of one session repeat sites: they are counted once
     assert len(op.error_sites(traces + traces)) == len(sites)
 
@@ -204,8 +209,8 @@ def test_the_teacher_prompt_is_the_students_history_plus_the_hint(ingested, tiny
     assert sites
     for s in sites[:5]:
         student, teacher = op.site_prompts(tok, s, 96)
-        plain = encoding.render_prompt_ids(tok, op.site_messages(s, hinted=False))
-        hinted = encoding.render_prompt_ids(tok, op.site_messages(s, hinted=True))
+        plain = encoding.render_prompt_ids(tok, op.site_messages(s, hinted=False), op.site_tools(s))
+        hinted = encoding.render_prompt_ids(tok, op.site_messages(s, hinted=True), op.site_tools(s))
         assert student == plain[-96:] and len(plain) > 96  # the window is full: history was dropped
         assert teacher == hinted[-(96 + len(hinted) - len(plain)) :]
         # the teacher keeps every history token the student has, up to where the hint goes in ...
@@ -213,7 +218,7 @@ def test_the_teacher_prompt_is_the_students_history_plus_the_hint(ingested, tiny
         assert teacher[: len(student) - tail] == student[: len(student) - tail]
         assert "[HINT]" in tok.decode(teacher) and "[HINT]" not in tok.decode(student)
         # ... where cutting both renders at the window would drop the hint's length of history
-        assert op.prompt_ids(tok, op.site_messages(s, hinted=True), 96)[:8] != student[:8]
+        assert op.prompt_ids(tok, op.site_messages(s, hinted=True), 96, op.site_tools(s))[:8] != student[:8]
 
 
 def test_privileged_recovery_reaches_only_the_teacher(small_data, tiny_model, tiny_tokenizer):

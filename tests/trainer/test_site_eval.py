@@ -135,10 +135,13 @@ def test_recovery_pairs_at_the_recovery_state_end_with_the_error_result(traces):
     after = recovery_pairs(traces, at="recovery")
     assert after
     for p in after:  # the state holds the failed call and its error result, then the recovery is chosen
-        last = p["state_messages"][-1]
-        heads = [wire.parse_tool_result_head(part.split("\n", 1)[0])
-                 for part in str(last["content"]).split(wire.ACTION_SEP)]  # fmt: skip
-        assert last["role"] == "user" and any(h is not None and h[1] for h in heads)
-        assert p["rejected"] in str(p["state_messages"][-2]["content"])
+        msgs = p["state_messages"]
+        k = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+        assert any(m["role"] == "tool" and m["is_error"] for m in msgs[k + 1 :])
+        failed = wire.parse_openai_message(msgs[k])
+        assert wire.canonical_action(p["rejected"]) == wire.canonical_action(
+            wire.action_text(failed.text, failed.tool_calls)
+        )
+        assert p["tools"] and all(t["type"] == "function" for t in p["tools"])
     with pytest.raises(ValueError, match="at='later'"):
         recovery_pairs(traces, at="later")  # type: ignore[arg-type]

@@ -169,6 +169,13 @@ def _print_table(result: dict[str, Any]) -> None:
             "  attachments left out: "
             + ", ".join(f"{k}={v}" for k, v in sorted(t["attachments_left_out"].items()))
         )
+    if t.get("schema_mismatches"):  # logged tool inputs the tool schemas disagree with (rendered as logged)
+        worst = sorted(t["schema_mismatches"].items(), key=lambda kv: -kv[1])[:3]
+        print(
+            f"  tool inputs off their schema: {t['n_schema_mismatches']} ("
+            + "; ".join(f"{k} x{v}" for k, v in worst)
+            + ")"
+        )
     for w in t["version_warnings"] or []:
         print(f"  warning: {w}")
     _print_problems(result)

@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "replay": ("replay", "send each state to several teacher models under a hard dollar cap"),
     "pairs": ("pairs", "mine preference pairs where teachers agree against the student"),
+    "export": ("export", "write ingested sessions as an OpenAI tool-calling dataset or Hub agent traces"),
     "normalize": ("normalize", "dedup and filter preference pairs with data-juicer"),
     "train": ("train", "train with the three-channel loss (offline SFT+SDPO+DPO, or GRPO via TRL)"),
     "validate": ("validate", "check a config file without loading a model"),

@@ -57,6 +57,12 @@ class DataConfig(_Model):
         description="end each training row at its last assistant response that fits whole in max_seq_len "
         "(no target is an action cut before its end); false: the last response, its first tokens if too long",
     )
+    wire_format: Literal["native", "text"] = Field(
+        "native",
+        description="how traces are shown to the model: native (the chat template's own tool calls, "
+        "assistant tool_calls and tool results, tools= schemas) or text (the earlier [TOOL_USE] lines); "
+        "training, GRPO, evaluation and export follow it",
+    )
 
     @field_validator("traces", "pairs")
     @classmethod

@@ -46,7 +46,7 @@ from composer_replication.datagen.harness import (
 )
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
 from composer_replication.datagen.tasks import Task, bundled_tasks, check_name, path_inside
-from composer_replication.datagen.tools import format_tool_call, parse_tool_calls
+from composer_replication.datagen.tools import TOOL_SCHEMAS, format_tool_call, parse_tool_calls
 from composer_replication.datagen.verifier import OnProtected, Verdict, verify
 from composer_replication.safety.kill_switch import EXIT_KILL_SWITCH, KillSwitch, KillSwitchTriggered
 
@@ -89,20 +89,27 @@ def oracle_policy(task: Task, harness: str | None = None) -> ScriptedPolicy:
 class HFPolicy:
     """A transformers causal LM behind its chat template; tool calls are parsed from its text (``wire``).
 
-    The tools are described in the system message (``task_prompt``), not through the template's
-    ``tools=`` argument, so the prompt is the one the model was trained on. The answer comes from the
-    one generation engine (``generation.LocalEngine``): the tokens ``model.generate`` gives with the
-    same settings and RNG state."""
+    Prompts are rendered by ``wire.render_ids`` with the sandbox tools' schemas (``tools``, default
+    ``TOOL_SCHEMAS``), in the active wire format: the prompt the model was trained on. The answer comes
+    from the one generation engine (``generation.LocalEngine``): the tokens ``model.generate`` gives with
+    the same settings and RNG state."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, max_new_tokens: int = 256, temperature: float = 0.7
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.7,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> None:
         from composer_replication.generation.local import LocalEngine
 
         self.model, self.tokenizer = model, tokenizer
+        self.tools = list(TOOL_SCHEMAS if tools is None else tools)
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.model_name = getattr(getattr(model, "config", None), "_name_or_path", None) or "hf-model"
-        self.engine = LocalEngine(model, tokenizer)
+        self.engine = LocalEngine(model, tokenizer, render=lambda m: wire.render_ids(tokenizer, m, self.tools))
 
     def __call__(self, messages: list[dict[str, Any]]) -> str:
         from composer_replication.generation.local import generate_params

@@ -15,31 +15,10 @@ from composer_replication import wire
 from composer_replication.datagen.harness_base import ToolOutcome
 from composer_replication.datagen.harness_claude import SANDBOX_TOOLS, ClaudeCodeTools
 from composer_replication.datagen.sandbox import Sandbox, SandboxError
+from composer_replication.tool_schemas import CLAUDE_CODE_TOOLS
 
-TOOL_SCHEMAS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": desc,
-            "parameters": {
-                "type": "object",
-                "properties": {k: {"type": "string", "description": d} for k, d in props.items()},
-                "required": list(props),
-            },
-        },
-    }
-    for name, desc, props in [
-        ("Bash", "Run a shell command in the workspace.", {"command": "the bash command"}),
-        ("Read", "Read a file from the workspace.", {"file_path": "path relative to the workspace"}),
-        ("Write", "Create or overwrite a file.", {"file_path": "path", "content": "the full new content"}),
-        (
-            "Edit",
-            "Replace one exact occurrence of old_string with new_string in a file.",
-            {"file_path": "path", "old_string": "text to replace", "new_string": "replacement"},
-        ),
-    ]
-]
+# The sandbox's tools, with Claude Code's schemas (the one table in ``tool_schemas``).
+TOOL_SCHEMAS: list[dict[str, Any]] = [CLAUDE_CODE_TOOLS[n] for n in ("Bash", "Read", "Write", "Edit")]
 _ALIASES = {
     "bash": "Bash",
     "read": "Read",

@@ -6,16 +6,18 @@ A :class:`Trace` is one conversation as ``TraceTurn`` dicts (the ``TraceExample`
 reference ``{"state_id", "trace_id", "turn", "from"?, "error_kind"?}``: the assistant turn it predicts and, when
 ``max_history_tokens`` cut the history, the first turn kept. Its ``messages`` are
 ``[system] + wire.turns_to_messages(turns[from:turn])`` (``from`` defaults to the start of the turn's segment),
-materialised on demand by :mod:`composer_replication.ingestion.store`. An example is a reference
+materialised on demand by :mod:`composer_replication.ingestion.store`; traces, examples and states carry the
+session's ``tools`` (names) and ``tool_schemas`` (``tool_schemas.tools_for`` of the calls the session logged). An example is a reference
 ``{"example_id", "trace_id", "kind", "segment", "span": [a, b], "open": [...]}``: turns ``open + [a, b)``.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from composer_replication import wire
+from composer_replication import tool_schemas, wire
 from composer_replication.ingestion._session import (
     BuildOptions,
     Conversation,
@@ -35,6 +37,7 @@ class Trace:
     source: str
     tools: list[str]
     system: str
+    tool_schemas: list[dict[str, Any]] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
     actions: dict[int, str] = field(default_factory=dict)  # turn index -> student action (thinking kept)
     seg_starts: list[int] = field(default_factory=list)
@@ -57,6 +60,29 @@ def conversation_tools(conv: Conversation) -> list[str]:
     return sorted({b.name for seg in conv.segments for ev in seg if ev.blocks for b in ev.blocks if b.name})
 
 
+def conversation_schemas(
+    conv: Conversation, tools: list[str], source: str, stats: IngestionStats
+) -> list[dict[str, Any]]:
+    """The schemas of ``tools`` (in that order) from the inputs the conversation logged for each; a
+    logged input the schema still disagrees with (a type, a missing required key) is counted in
+    ``stats`` under one line naming the source, the tool and the argument."""
+    seen: dict[str, list[Any]] = {t: [] for t in tools}
+    for seg in conv.segments:
+        for ev in seg:
+            for b in ev.blocks or []:
+                if b.kind == "tool_use" and b.name in seen:
+                    seen[b.name].append(b.input)
+    schemas = tool_schemas.tools_for(source, seen)
+    for schema, inputs in zip(schemas, seen.values(), strict=True):
+        for args in inputs:
+            problems = tool_schemas.input_problems(schema, args)
+            stats.n_schema_mismatches += bool(problems)
+            for p in problems:
+                key = f"{source} {p}"
+                stats.schema_mismatches[key] = stats.schema_mismatches.get(key, 0) + 1
+    return schemas
+
+
 def build_traces(
     conversations: list[Conversation], base_id: str, opts: BuildOptions, stats: IngestionStats
 ) -> list[Trace]:
@@ -70,9 +96,11 @@ def build_traces(
 
 def _build_one(conv: Conversation, trace_id: str, opts: BuildOptions, stats: IngestionStats) -> Trace:
     tools = conversation_tools(conv)
-    system = wire.system_text(tools, base=opts.system_prompt)
-    trace = Trace(trace_id, opts.source, tools, system, meta=dict(conv.meta))
-    sys_tokens = opts.token_counter(system)
+    system = opts.system_prompt
+    schemas = conversation_schemas(conv, tools, opts.source, stats)
+    trace = Trace(trace_id, opts.source, tools, system, schemas, meta=dict(conv.meta))
+    # the system turn shows the tools too (the chat template lists their schemas)
+    sys_tokens = opts.token_counter(system) + opts.token_counter(json.dumps(schemas, ensure_ascii=False))
     budget = None if opts.max_history_tokens is None else opts.max_history_tokens - sys_tokens
     turns = trace.turns
     idx = 0
@@ -116,7 +144,9 @@ def _build_one(conv: Conversation, trace_id: str, opts: BuildOptions, stats: Ing
                     stats.n_empty_turns += 1
                 last_error = None
                 calls = [
-                    {"name": b.name, "arguments": b.input} for b in ev.blocks or [] if b.kind == "tool_use"
+                    {"name": b.name, "arguments": b.input, **({"id": b.id} if b.id else {})}
+                    for b in ev.blocks or []
+                    if b.kind == "tool_use"
                 ]
                 turn: dict[str, Any] = {
                     "role": "assistant",
@@ -127,6 +157,8 @@ def _build_one(conv: Conversation, trace_id: str, opts: BuildOptions, stats: Ing
                 }
             elif ev.kind == "tool":
                 turn = {"role": "tool", "name": ev.tool_name, "content": ev.text, "tool_error": ev.error}
+                if ev.tool_use_id:
+                    turn["tool_call_id"] = ev.tool_use_id
                 if ev.agent_id:
                     turn["agent_id"] = ev.agent_id
                 if ev.error is not None:
@@ -165,7 +197,9 @@ def _add(
         cum.pop()
     else:
         first_turn.append(len(turns) - 1)
-    cum.append(cum[-1] + opts.token_counter(msgs[at]["content"]))
+    m = msgs[at]
+    calls = "".join(c["function"]["arguments"] for c in m.get("tool_calls") or [])  # what the calls add
+    cum.append(cum[-1] + opts.token_counter(m["content"] + calls))
 
 
 def _tokens(turn: dict[str, Any], opts: BuildOptions) -> int:
@@ -281,6 +315,7 @@ def example_row(trace: Trace, ref: dict[str, Any]) -> dict[str, Any]:
         "turns": turns,
         "dpo_pairs": None,
         "tools": trace.tools,
+        "tool_schemas": trace.tool_schemas,
         "state_ids": [t["state_id"] for t in turns if t["role"] == "assistant" and t.get("state_id")],
     }
 
@@ -323,6 +358,7 @@ def state_rows(trace: Trace, refs: list[dict[str, Any]]) -> list[dict[str, Any]]
                     "turn_index": ordinal.get(ref["state_id"], 0),
                     "source": trace.source,
                     "tools": trace.tools,
+                    "tool_schemas": trace.tool_schemas,
                 }
                 if "error_kind" in ref:
                     row["error_kind"] = ref["error_kind"]

@@ -67,6 +67,9 @@ class IngestionStats:
         default_factory=dict
     )  # attachment types not shown to the model
     redactions: dict[str, int] = field(default_factory=dict)
+    # logged tool inputs that disagree with their tool's schema (``tool_schemas.input_problems``), by reason
+    n_schema_mismatches: int = 0
+    schema_mismatches: dict[str, int] = field(default_factory=dict)
     # Per file only (not totalled): the first problem lines ({"line", "reason"}) and why the file failed.
     bad_lines: list[dict[str, Any]] = field(default_factory=list)
     file_error: str | None = None

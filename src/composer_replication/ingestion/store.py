@@ -168,7 +168,7 @@ class Store:
             o = self.meta["options"]
             cls = CodexIngester if source == "codex" else ClaudeCodeIngester
             self._ingesters[source] = cls(
-                system_prompt=o["system_prompt"], skip_sidechain=o["skip_sidechain"],
+                system_prompt=_system_prompt(o["system_prompt"]), skip_sidechain=o["skip_sidechain"],
                 strip_thinking=o["strip_thinking"], redact=False, example_max_tokens=o["example_max_tokens"],
             )  # fmt: skip
         return self._ingesters[source]
@@ -226,6 +226,14 @@ class Store:
     def examples(self, refs: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         for ref in refs:
             yield example_row(self.trace(ref["trace_id"]), ref)
+
+
+def _system_prompt(stored: str) -> str:
+    """The system prompt a store was ingested with; a store written before native tool calls recorded the
+    text format's default prompt, which now means the default."""
+    from composer_replication import wire
+
+    return wire.SYSTEM_PROMPT if stored == wire.TEXT_SYSTEM_PROMPT else stored
 
 
 def open_store(head: dict[str, Any], refs_path: Path) -> Store:

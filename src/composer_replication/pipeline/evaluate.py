@@ -32,17 +32,21 @@ from composer_replication.wire import score_action
 
 
 def is_error_site(state: dict[str, Any]) -> bool:
-    """True when the state's last message is a failed tool result (the agent must now recover)."""
+    """True when a failed tool result follows the state's last assistant message (the agent must now
+    recover): a ``tool`` message flagged ``is_error``, or a text-format result header saying so."""
     if state.get("error_kind"):
         return True
     msgs = state.get("messages") or []
-    if not msgs or msgs[-1].get("role") != "user":
-        return False
-    # A user message of merged results: the failed result may be any of them (each starts a paragraph).
-    for part in str(msgs[-1].get("content", "")).split(wire.ACTION_SEP):
-        head = wire.parse_tool_result_head(part)
-        if head is not None and head[1]:
+    for m in reversed(msgs):
+        if m.get("role") == "assistant":
+            return False
+        if m.get("role") == "tool" and m.get("is_error"):
             return True
+        if m.get("role") == "user":  # messages in the text format: merged results, one per paragraph
+            for part in str(m.get("content", "")).split(wire.ACTION_SEP):
+                head = wire.parse_tool_result_head(part)
+                if head is not None and head[1]:
+                    return True
     return False
 
 
@@ -59,11 +63,14 @@ def model_fingerprint(model_dir: str | Path) -> str:
 
 
 def prompt_ids(tok: Any, state: dict[str, Any], max_prompt_tokens: int) -> Any:
-    """The ``(1, T)`` prompt ids a model answers at ``state``: its ``wire`` messages, fitted to
-    ``max_prompt_tokens`` (oldest messages first, never the system message), with the generation prompt."""
-    msgs = wire.fit_messages(tok, state["messages"], max_prompt_tokens)
-    enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True, return_tensors="pt")
-    return enc["input_ids"]
+    """The ``(1, T)`` prompt ids a model answers at ``state``: its ``wire`` messages with the session's
+    tool schemas (``wire.trace_tool_schemas``), fitted to ``max_prompt_tokens`` (oldest messages first,
+    never the system message), with the generation prompt."""
+    import torch
+
+    tools = wire.trace_tool_schemas(state)
+    msgs = wire.fit_messages(tok, state["messages"], max_prompt_tokens, tools)
+    return torch.tensor([wire.render_ids(tok, msgs, tools)], dtype=torch.long)
 
 
 class GreedyGenerator:
@@ -105,6 +112,8 @@ class GreedyGenerator:
                 self.fingerprint,
                 state["state_id"],
                 state["messages"],
+                wire.get_format(),
+                wire.trace_tool_schemas(state),
                 self.max_new_tokens,
                 self.max_prompt_tokens,
             ]

@@ -35,13 +35,14 @@ def task_rows(names: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The selected bundled tasks and their TRL rows (``datagen.rollout.task_prompt``: the rollouts' prompt)."""
     from composer_replication.datagen.rollout import task_prompt
     from composer_replication.datagen.tasks import bundled_tasks
+    from composer_replication.datagen.tools import TOOL_SCHEMAS
 
     tasks = bundled_tasks()
     unknown = sorted(set(names) - set(tasks))
     if unknown:
         raise ValueError(f"grpo.tasks: unknown task(s) {unknown}; bundled tasks are {sorted(tasks)}")
     chosen = {n: tasks[n] for n in (names or sorted(tasks))}
-    rows = [{"prompt": task_prompt(t), "task": n} for n, t in chosen.items()]
+    rows = [{"prompt": task_prompt(t), "task": n, "tools": TOOL_SCHEMAS} for n, t in chosen.items()]
     return chosen, rows
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from composer_replication import wire
 from composer_replication._lock import directory_lock
 from composer_replication.config.run import RunConfig
 from composer_replication.pipeline.manifest import Manifest, hash_path
@@ -168,11 +169,13 @@ class Runner:
                 self.manifest.stage(s.name)
             self.manifest.save()
             outcome: dict[str, str] = {}
-            for stage in self.stages:
-                outcome[stage.name] = self._run_one(stage, force=stage.name in force)
-                self._halt_if_needed(stage, ran=outcome[stage.name] == "ran")
-                if stage.name == until:
-                    break
+            # every stage renders in the train section's wire format (training, GRPO, evaluation)
+            with wire.use_format(self.config.train.data.wire_format):
+                for stage in self.stages:
+                    outcome[stage.name] = self._run_one(stage, force=stage.name in force)
+                    self._halt_if_needed(stage, ran=outcome[stage.name] == "ran")
+                    if stage.name == until:
+                        break
         return outcome
 
     def _check_origin(self) -> None:

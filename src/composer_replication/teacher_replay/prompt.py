@@ -9,8 +9,8 @@ from typing import Any
 
 from composer_replication import wire
 
-# Review instructions on top of the agent's own system message: the conversation is rendered exactly as
-# the student sees it (``wire``); only the task differs (name the next action, no commentary).
+# Review instructions on top of the agent's own system message: the conversation is the student's, in the
+# text format (``wire.text_messages``); only the task differs (name the next action, no commentary).
 TEACHER_INSTRUCTIONS = (
     "You are reviewing a coding agent's session. Given the conversation so far, output the single best "
     "NEXT action of the assistant, in exactly the agent's action format:\n"
@@ -27,10 +27,11 @@ _PER_REQUEST_OVERHEAD_TOKENS = 64
 
 
 def build_messages(state: dict[str, Any], *, tools: list[str] | None = None) -> list[dict[str, str]]:
-    """The state's conversation (``wire``-rendered by ingestion) with the review instructions appended
-    to its system message; a state without one gets ``wire.system_text`` of its tools first."""
+    """The state's conversation in the text format (``wire.text_messages``: teachers are asked for an
+    action line) with the review instructions appended to its system message; a state without one gets
+    ``wire.system_text`` of its tools first."""
     tools = tools if tools is not None else state.get("tools")
-    msgs = [{"role": m["role"], "content": m["content"]} for m in state["messages"]]
+    msgs = wire.text_messages(state["messages"])
     if not msgs or msgs[0]["role"] != "system":
         msgs.insert(0, {"role": "system", "content": wire.system_text(tools)})
     system = msgs[0]["content"]

@@ -80,6 +80,11 @@ def _decoded(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) and value[:1] == "{" else value
 
 
+def _decoded_list(value: Any) -> Any:
+    """A list column (the row's tool schemas) as given, or decoded from its JSON text."""
+    return json.loads(value) if isinstance(value, str) and value[:1] == "[" else value
+
+
 class ComposerReplicationTrainer(GRPOTrainer):
     """GRPO-family policy loss (any TRL ``loss_type``) + α·SDPO + β·DPO; see the module docstring."""
 
@@ -216,11 +221,23 @@ class ComposerReplicationTrainer(GRPOTrainer):
             hints.append(hint or None)
         return hints
 
-    def _tokenize_prompt(self, prompt: Any) -> list[int]:
+    def _tokenize_prompt(self, prompt: Any, tools: Any = None) -> list[int]:
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)
-        return encoding.render_prompt_ids(tok, prompt)
+        return encoding.render_prompt_ids(tok, prompt, tools)
+
+    def _tokenize_prompts(self, prompts: list) -> Any:
+        """Chat prompts rendered by ``wire`` with their row's tool schemas (the ``tools`` column), in the
+        active wire format: the tokens the collator and evaluation give the same state. With TRL's own
+        tools (``environment_factory``) TRL renders."""
+        if self.tools or not prompts or not isinstance(prompts[0], list):
+            return super()._tokenize_prompts(prompts)
+        tools = getattr(self, "_prompt_tools", None) or [None] * len(prompts)
+        if len(tools) != len(prompts):
+            raise RuntimeError(f"{len(prompts)} prompts but {len(tools)} rows of tools")
+        return [self._tokenize_prompt(p, t) for p, t in zip(prompts, tools)], None, {}
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        self._prompt_tools = [_decoded_list(x.get("tools")) for x in inputs]
         out = super()._generate_and_score_completions(inputs)
         self._log_reward_parts(len(inputs))
         if self.composer_kl_coef > 0:
@@ -232,8 +249,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
             hints = self._row_hints(inputs)
             if any(hints):
                 rows = [
-                    self._tokenize_prompt(self._prompt_with_hint(x["prompt"], h) if h else x["prompt"])
-                    for x, h in zip(inputs, hints)
+                    self._tokenize_prompt(self._prompt_with_hint(x["prompt"], h) if h else x["prompt"], t)
+                    for x, h, t in zip(inputs, hints, self._prompt_tools)
                 ]
                 ids = encoding.pad_rows(rows, pad, left=True)
                 pmask = encoding.pad_rows([[1] * len(r) for r in rows], 0, left=True)

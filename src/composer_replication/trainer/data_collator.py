@@ -1,9 +1,9 @@
 """``ComposerDataCollator``: traces (+ optional DPO pairs) -> trainer-ready tensors for the three channels.
 
 Rendering: a trace becomes chat messages through :mod:`composer_replication.wire` (the one rendering
-shared with states, GRPO prompts and evaluation: the system message with the trace's tools, tool
-results as user messages, the SDPO hint appended to the message carrying the error), then every
-sequence is rendered with the tokenizer's chat template. Token ids are built per message
+shared with states, GRPO prompts and evaluation: assistant ``tool_calls``, ``tool`` results, the SDPO
+hint appended to the message carrying the error), then every sequence is rendered with the tokenizer's
+chat template and the trace's tool schemas (``wire.render``, in the active wire format). Token ids are built per message
 (the text each message adds to the rendered prefix), and an assistant message is split into its header (the
 generation prompt) and its body (content + end-of-turn tokens). Masks are therefore exact by construction.
 Truncation (rows never exceed the cap) drops messages after the last response first (they have no target),
@@ -61,7 +61,8 @@ class TraceExample(TypedDict, total=False):
     turns: list[TraceTurn]
     final_reward: float
     dpo_pairs: list[dict] | None
-    tools: list[str]  # the session's tools (named in the system message; ``wire.trace_tools``)
+    tools: list[str]  # the session's tool names (``wire.trace_tools``)
+    tool_schemas: list[dict]  # their schemas, rendered with every row (``wire.trace_tool_schemas``)
 
 
 class TokenizerLike(Protocol):
@@ -84,7 +85,7 @@ class CollatorConfig:
     hint_generator: Callable[[str, dict], str | None] | None = None
     enable_replay_dpo: bool = True
     rlvr_reward_key: str = "final_reward"
-    # None: ``wire.system_text`` with the trace's tools (what states, GRPO prompts and evaluation show);
+    # None: ``wire.SYSTEM_PROMPT`` (what states, GRPO prompts and evaluation show);
     # a string replaces it, "" means no system message. DPO state_messages carry their own.
     system_prompt: str | None = None
     # True: a row ends at its last response that fits whole under ``max_seq_len`` (later messages are left
@@ -130,31 +131,28 @@ class ComposerDataCollator:
 
     # -- rendering -----------------------------------------------------------------------------------------
 
-    def _render(self, msgs: list[dict], gen: bool) -> str:
-        if not msgs:
-            return ""
-        out = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
-        if not isinstance(out, str):
-            raise ValueError("apply_chat_template(tokenize=False) must return a string")
-        return out
+    def _render(self, msgs: list[dict], gen: bool, tools: list[dict] | None = None) -> str:
+        return wire.render(self.tokenizer, msgs, tools, add_generation_prompt=gen)
 
-    def _closing_tokens(self) -> int:
-        """Tokens the template writes after a user message's content (``<|im_end|>\\n`` in ChatML)."""
-        probe = self._render([{"role": "user", "content": _SENTINEL}], False)
-        tail = probe[probe.find(_SENTINEL) + len(_SENTINEL) :]
-        return len(self.tokenizer(tail, add_special_tokens=False)["input_ids"]) if tail else 0
+    def _added_tokens(self, plain: list[dict], hinted: list[dict], tools: list[dict] | None) -> int:
+        """Tokens the hint adds at the end of the rendered history (where the two renders part, to the end)."""
+        a, b = self._render(plain, False, tools), self._render(hinted, False, tools)
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return len(self.tokenizer(b[n:], add_special_tokens=False)["input_ids"])
 
-    def _pieces(self, msgs: list[dict]) -> list[_Piece]:
+    def _pieces(self, msgs: list[dict], tools: list[dict] | None = None) -> list[_Piece]:
         texts: list[tuple[str, bool, int]] = []
         prev = ""
         for i, m in enumerate(msgs):
+            if m["role"] == "tool" and i + 1 < len(msgs) and msgs[i + 1]["role"] == "tool":
+                continue  # a run of tool results is one piece: templates may group them (Qwen2.5's does)
             if m["role"] == "assistant":
                 if i:
-                    head = self._render(msgs[:i], True)
+                    head = self._render(msgs[:i], True, tools)
                 else:  # templates cannot render an empty conversation: find the header with a sentinel
-                    probe = self._render([{**m, "content": _SENTINEL}], False)
+                    probe = self._render([{**m, "content": _SENTINEL}], False, tools)
                     head = probe[: max(probe.find(_SENTINEL), 0)]
-                full = self._render(msgs[: i + 1], False)
+                full = self._render(msgs[: i + 1], False, tools)
                 if not head.startswith(prev) or not full.startswith(head):
                     raise ValueError(
                         "the tokenizer's chat template does not render conversations prefix-consistently "
@@ -162,7 +160,7 @@ class ComposerDataCollator:
                     )
                 texts += [(head[len(prev) :], False, i), (full[len(head) :], True, i)]
             else:
-                full = self._render(msgs[: i + 1], False)
+                full = self._render(msgs[: i + 1], False, tools)
                 if not full.startswith(prev):
                     raise ValueError(f"chat template is not prefix-consistent at message {i}")
                 texts.append((full[len(prev) :], False, i))
@@ -243,10 +241,11 @@ class ComposerDataCollator:
         trim_from: int | None = None,
         keep_tail: tuple[int, int] = (-1, 0),
         pieces: list[_Piece] | None = None,
+        tools: list[dict] | None = None,
     ) -> tuple[list[int], list[int], dict[int, tuple[int, int]]]:
         keep_first = bool(msgs) and msgs[0]["role"] == "system"
         trim = protect_from if trim_from is None else trim_from
-        pieces = self._pieces(msgs) if pieces is None else pieces
+        pieces = self._pieces(msgs, tools) if pieces is None else pieces
         pieces = self._truncate(pieces, protect_from, max_len, keep_first, trim, keep_tail)
         ids: list[int] = []
         mask: list[int] = []
@@ -271,8 +270,9 @@ class ComposerDataCollator:
         for ex in batch:
             turns = list(ex.get("turns") or [])
             msgs, where = wire.trace_messages(ex, system_prompt=cfg.system_prompt)
+            tools = wire.trace_tool_schemas(ex)
             assistant = {i for i, m in enumerate(msgs) if m["role"] == "assistant"}
-            pieces = self._pieces(msgs)
+            pieces = self._pieces(msgs, tools)
             if cfg.whole_responses:
                 msgs, pieces, assistant = _end_at_whole_response(msgs, pieces, assistant, cfg.max_seq_len)
             last = max(assistant) if assistant else len(msgs)
@@ -292,17 +292,23 @@ class ComposerDataCollator:
                 s_mask.append([0] * len(ids))
                 continue
             rec, hint = site
-            tmsgs = [*wire.add_hint(msgs[:rec], hint), dict(msgs[rec])]
+            hinted = wire.add_hint(msgs[:rec], hint)  # the hint may be a message of its own
+            tmsgs, trec = [*hinted, dict(msgs[rec])], len(hinted)
             # The hint (and the end of its message) survives truncation: without it there is no teacher.
-            n_hint = len(self.tokenizer(wire.with_hint("", hint), add_special_tokens=False)["input_ids"])
-            n_hint += self._closing_tokens()
+            n_hint = self._added_tokens(msgs[:rec], hinted, tools)
             tids, tmask, tspans = self._encode(
-                tmsgs, {rec}, rec - 1, cfg.max_seq_len, trim_from=rec, keep_tail=(rec - 1, n_hint)
+                tmsgs,
+                {trec},
+                trec - 1,
+                cfg.max_seq_len,
+                trim_from=trec,
+                keep_tail=(trec - 1, n_hint),
+                tools=tools,
             )
             a, b = spans[rec]
             # A recovery turn cut at the cap may be cut at a different length in the two rows (the hint
             # makes the teacher's longer): both masks keep the same leading tokens.
-            ta, tb = tspans.get(rec, (0, 0))
+            ta, tb = tspans.get(trec, (0, 0))
             n = min(b - a, tb - ta)
             if n <= 0:
                 t_ids.append([])
@@ -356,11 +362,10 @@ class ComposerDataCollator:
         return None
 
     def _dpo_row(self, pair: dict[str, Any], side: str) -> tuple[list[int], list[int]]:
-        msgs = [
-            {"role": m["role"], "content": str(m.get("content") or "")}
-            for m in pair.get("state_messages") or []
-        ]
-        msgs.append({"role": "assistant", "content": str(pair[side])})
+        """The pair's state and one side's action as the assistant turn (``wire.assistant_message``),
+        rendered with the pair's ``tools`` when it carries them."""
+        msgs = [dict(m) for m in pair.get("state_messages") or []]
+        msgs.append(wire.assistant_message(str(pair[side])))
         resp = len(msgs) - 1
-        ids, mask, _ = self._encode(msgs, {resp}, resp, self.config.max_dpo_seq_len)
+        ids, mask, _ = self._encode(msgs, {resp}, resp, self.config.max_dpo_seq_len, tools=pair.get("tools"))
         return ids, mask

@@ -12,6 +12,11 @@ One export path for the ``train`` command (``OUT/final/``) and the pipeline (``t
 - :func:`usage` is the text the CLI prints: how to load the directory with transformers (and PEFT) and
   serve it with vLLM.
 
+The tokenizer is written as the model was trained to speak (``wire``): in the native format its chat
+template renders ``tools`` and ``tool_calls`` (the project's Hermes template where the model's own has no
+tool support, with the response template ``transformers serve`` parses tool calls by), and
+``generation_config.json`` stops generation at the end of the assistant turn. See docs/serving.md.
+
 The directory is written into a temporary sibling and renamed into place; checkpoints keep the
 optimizer, ``final/`` never holds it.
 """
@@ -62,6 +67,39 @@ def _save_base(peft_model: Any, directory: Path) -> None:
     inner.save_pretrained(directory, state_dict=state)
 
 
+def _save_tokenizer(tokenizer: Any, directory: Path) -> None:
+    """``tokenizer`` as the model speaks (``wire.prepare_tokenizer`` in the native format), with the
+    response template of the project's Hermes template when it carries that one."""
+    from composer_replication import wire
+
+    if wire.get_format() == "native":
+        wire.prepare_tokenizer(tokenizer)
+    before = getattr(tokenizer, "response_template", None)
+    if tokenizer.chat_template == wire.HERMES_TEMPLATE and before is None:
+        tokenizer.response_template = wire.HERMES_RESPONSE_TEMPLATE
+    try:
+        tokenizer.save_pretrained(directory)
+    finally:
+        tokenizer.response_template = before
+
+
+def _save_generation_config(model: Any, tokenizer: Any, directory: Path) -> None:
+    """``generation_config.json``: the model's, ending generation at the tokenizer's end-of-turn token too."""
+    from transformers import GenerationConfig
+
+    base = getattr(model, "generation_config", None)
+    gc = GenerationConfig.from_dict(base.to_dict()) if base is not None else GenerationConfig()
+    eos = gc.eos_token_id if isinstance(gc.eos_token_id, list) else [gc.eos_token_id]
+    eos = [int(e) for e in eos if e is not None]
+    if tokenizer.eos_token_id is not None and int(tokenizer.eos_token_id) not in eos:
+        eos.append(int(tokenizer.eos_token_id))
+    if eos:
+        gc.eos_token_id = eos[0] if len(eos) == 1 else eos
+    if gc.pad_token_id is None and tokenizer.pad_token_id is not None:
+        gc.pad_token_id = int(tokenizer.pad_token_id)
+    gc.save_pretrained(directory)
+
+
 def export_model(
     model: Any, tokenizer: Any, target: str | Path, *, merge: bool = False, base_dir: str | Path | None = None
 ) -> ExportedModel:
@@ -85,7 +123,7 @@ def export_model(
             if base_dir is None:
                 base = target / "base"
                 _save_base(model, tmp / "base")
-                tokenizer.save_pretrained(tmp / "base")
+                _save_tokenizer(tokenizer, tmp / "base")
             else:
                 base = Path(base_dir).resolve()
             model.save_pretrained(tmp)
@@ -95,7 +133,8 @@ def export_model(
             cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True))
         else:
             model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        _save_tokenizer(tokenizer, tmp)
+        _save_generation_config(model, tokenizer, tmp)
         _swap_in(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -163,7 +202,8 @@ def usage(exported: ExportedModel) -> str:
                 "  load:  from transformers import AutoModelForCausalLM, AutoTokenizer",
                 f'         model = AutoModelForCausalLM.from_pretrained("{path}")',
                 f'         tok = AutoTokenizer.from_pretrained("{path}")',
-                f"  serve: vllm serve {path}",
+                f"  serve: vllm serve {path} --enable-auto-tool-choice --tool-call-parser hermes",
+                "         (docs/serving.md: the OpenAI-compatible endpoint and agent harnesses)",
             ]
         )
     return "\n".join(
@@ -174,7 +214,9 @@ def usage(exported: ExportedModel) -> str:
             f'         base = AutoModelForCausalLM.from_pretrained("{exported.base}")',
             f'         model = PeftModel.from_pretrained(base, "{path}")',
             f'         tok = AutoTokenizer.from_pretrained("{path}")',
-            f"  serve: vllm serve {exported.base} --enable-lora --lora-modules final={path}"
-            + (f" --max-lora-rank {exported.lora_rank}" if (exported.lora_rank or 0) > 16 else ""),
+            f"  serve: vllm serve {exported.base} --tokenizer {path} --enable-lora --lora-modules final={path}"
+            + (f" --max-lora-rank {exported.lora_rank}" if (exported.lora_rank or 0) > 16 else "")
+            + " --enable-auto-tool-choice --tool-call-parser hermes",
+            "         (docs/serving.md: the OpenAI-compatible endpoint and agent harnesses)",
         ]
     )

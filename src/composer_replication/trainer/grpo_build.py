@@ -80,10 +80,34 @@ def grpo_args(cfg: TrainConfig, out_dir: Path, *, cuda: bool) -> Any:
     )
 
 
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "is_error")
+
+
+def _arrow_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A message with one shape for Arrow: every key (None where absent), calls with JSON-text arguments."""
+    out = {k: m.get(k) for k in _MESSAGE_KEYS}
+    out["content"] = str(m.get("content") or "")
+    calls = []
+    for c in m.get("tool_calls") or []:
+        fn = c.get("function", c)
+        args = fn.get("arguments")
+        args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        calls.append(
+            {
+                "id": str(c.get("id") or ""),
+                "type": "function",
+                "function": {"name": str(fn.get("name")), "arguments": args},
+            }
+        )
+    out["tool_calls"] = calls or None
+    return out
+
+
 def dataset_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows Arrow can hold whatever their source: every row gets every key (None where absent), prompts
-    are plain ``{"role", "content"}`` lists, and dict values (``error_meta``, ``dpo_pair``) travel as JSON
-    text (Claude Code and Codex tool inputs differ in type: a column of dicts would not unify)."""
+    """Rows Arrow can hold whatever their source: every row gets every key (None where absent), prompt
+    messages one shape (``_MESSAGE_KEYS``), and dict and schema-list values (``error_meta``, ``dpo_pair``,
+    ``tools``) travel as JSON text (Claude Code and Codex tool inputs differ in type: a column of dicts
+    would not unify). ``ComposerReplicationTrainer`` renders each prompt with its row's ``tools``."""
     keys = sorted({k for r in rows for k in r})
     out = []
     for r in rows:
@@ -91,8 +115,8 @@ def dataset_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for k in keys:
             v = r.get(k)
             if k == "prompt" and isinstance(v, list):
-                v = [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in v]
-            elif isinstance(v, dict):
+                v = [_arrow_message(m) for m in v]
+            elif isinstance(v, dict) or (k == "tools" and v is not None):
                 v = json.dumps(v, ensure_ascii=False, default=str)
             row[k] = v
         out.append(row)
@@ -133,7 +157,7 @@ def build_grpo_trainer(
     tok.padding_side = "left"
     for row in rows:  # TRL 1.16 has no prompt-length cap: agent histories would run to 20k tokens
         if isinstance(row.get("prompt"), list):
-            row["prompt"] = wire.fit_messages(tok, row["prompt"], cfg.data.max_seq_len)
+            row["prompt"] = wire.fit_messages(tok, row["prompt"], cfg.data.max_seq_len, row.get("tools"))
     peft_config = None
     if cfg.lora.enabled:
         require("trl", "peft", purpose="LoRA")

@@ -26,15 +26,16 @@ from composer_replication.trainer import pair_tokens
 def build_rows(traces: list[dict], pairs: list[dict]) -> list[dict]:
     """Dataset rows for TRL: ``prompt``, ``reference`` and optionally ``dpo_pair`` / ``error_kind``.
 
-    Trace rows are rendered with ``wire.trace_messages`` (the system message with the trace's tools, the
-    history up to the recovery turn), token for token what evaluation shows the model at the same state.
+    Trace rows are rendered with ``wire.trace_messages`` (the system message, the history up to the
+    recovery turn) and carry the trace's ``tools`` (``wire.trace_tool_schemas``): token for token what
+    evaluation shows the model at the same state. Pair rows carry the pair's ``tools`` when it has them.
     Each recovery (``state_id`` of the assistant turn) gives one row, from its ``error_site`` example when
     the traces have kinds (an episode repeats the same site).
     """
     rows = []
     for pair in pairs:
         _, messages, chosen, _ = pair_tokens.pair_fields(pair)
-        rows.append({"prompt": messages, "reference": chosen, "dpo_pair": pair})
+        rows.append({"prompt": messages, "reference": chosen, "dpo_pair": pair, "tools": pair.get("tools")})
     kinds = {t.get("kind") for t in traces}
     if "error_site" in kinds:
         traces = sorted(traces, key=lambda t: t.get("kind") != "error_site")  # error_site examples first
@@ -55,6 +56,7 @@ def build_rows(traces: list[dict], pairs: list[dict]) -> list[dict]:
             rows.append(
                 {
                     "prompt": wire.trace_messages(trace, j)[0],
+                    "tools": wire.trace_tool_schemas(trace),
                     "reference": str(turns[j]["content"]),
                     "state_id": turns[j].get("state_id"),
                     "error_kind": meta.get("error_kind") or "runtime_error",
@@ -64,13 +66,20 @@ def build_rows(traces: list[dict], pairs: list[dict]) -> list[dict]:
     return rows
 
 
-def fit_prompt(tok: Any, messages: list[dict], max_len: int) -> list[dict]:
+def fit_prompt(tok: Any, messages: list[dict], max_len: int, tools: list[dict] | None = None) -> list[dict]:
     """``wire.fit_messages``: drop the oldest messages (the system message stays) until the prompt fits."""
-    return wire.fit_messages(tok, messages, max_len)
+    return wire.fit_messages(tok, messages, max_len, tools)
 
 
 def _completion_text(c: Any) -> str:
-    return c[-1]["content"] if isinstance(c, list) else str(c)
+    """A completion as text (a parsed assistant message's ``tool_calls`` as the project's action text)."""
+    if not isinstance(c, list):
+        return str(c)
+    msg = c[-1]
+    if msg.get("tool_calls"):
+        parsed = wire.parse_openai_message(msg)
+        return wire.action_text(parsed.text, parsed.tool_calls)
+    return str(msg.get("content") or "")
 
 
 def teacher_match_reward(completions: list, reference: list[str], **_: Any) -> list[float]:
@@ -100,13 +109,21 @@ def train_grpo(
     """Run ``ComposerReplicationTrainer`` per ``cfg`` (``trainer.grpo_build``), export ``out_dir/final``
     (``trainer.export``; ``merge``: LoRA merged into the weights) and return TRL's last logged metrics.
     Raises ``ConfigError`` naming any field grpo mode cannot honour."""
-    from composer_replication.trainer.export import base_dir
-    from composer_replication.trainer.grpo_build import build_grpo_trainer, check_grpo_config, run_grpo
+    from composer_replication.trainer.grpo_build import check_grpo_config
     from composer_replication.trainer.grpo_scale import preflight
 
     check_grpo_config(cfg)  # before any model loads
     preflight(cfg)
-    out = Path(out_dir)
+    with wire.use_format(cfg.data.wire_format):
+        return _train_grpo(cfg, Path(out_dir), resume=resume, kill_switch=kill_switch, merge=merge)
+
+
+def _train_grpo(
+    cfg: TrainConfig, out: Path, *, resume: bool, kill_switch: Any, merge: bool
+) -> dict[str, float]:
+    from composer_replication.trainer.export import base_dir
+    from composer_replication.trainer.grpo_build import build_grpo_trainer, run_grpo
+
     out.mkdir(parents=True, exist_ok=True)
     rows = build_rows(od.load_rows(cfg.data.traces), od.load_rows(cfg.data.pairs))
     if not rows:

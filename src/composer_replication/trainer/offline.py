@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from composer_replication import wire
 from composer_replication.config import TrainConfig, build_config
 from composer_replication.safety.stop import any_stop
 from composer_replication.trainer import checkpoint as ckpt
@@ -76,10 +77,12 @@ def train_offline(
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
     )
+    cfg = config if isinstance(config, TrainConfig) else build_config(config)
     try:
-        return _train(
-            config, out_dir=out_dir, resume=resume, kill_switch=kill_switch, stop=stop, device=device
-        )
+        with wire.use_format(cfg.data.wire_format):
+            return _train(
+                cfg, out_dir=out_dir, resume=resume, kill_switch=kill_switch, stop=stop, device=device
+            )
     finally:  # determinism is process-global in torch: leave it as we found it
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 

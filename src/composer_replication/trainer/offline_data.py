@@ -126,7 +126,7 @@ def recovery_pairs(
     to exercise the preference channel (tests, benchmarks, a run before any teacher replay); teacher
     consensus pairs from ``pairs`` are the real signal.
     """
-    from composer_replication.wire import trace_messages
+    from composer_replication.wire import trace_messages, trace_tool_schemas
 
     if at not in ("failure", "recovery"):
         raise ValueError(f"recovery_pairs: at={at!r}; use 'failure' or 'recovery'")
@@ -160,6 +160,7 @@ def recovery_pairs(
                     "chosen": chosen,
                     "rejected": rejected,
                     "n_teachers_agreeing": 0,
+                    "tools": trace_tool_schemas(trace),  # the session's schemas, rendered with the state
                 }
             )
     return pairs

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from composer_replication import encoding, wire
+from composer_replication import encoding, tool_schemas, wire
 
 # the one decoding loop; prefill, decode and continuation scoring stay importable from here
 from composer_replication.generation.engine import (  # noqa: F401
@@ -49,7 +49,8 @@ class ErrorSite:
     hint: str | None  # None: no template for this error kind (e.g. the user rejected the call)
     recovery: str
     error_kind: str
-    tools: tuple[str, ...] = ()  # the session's tools, named in the system message (``wire``)
+    tools: tuple[str, ...] = ()  # the session's tool names (scoring: an answer naming another is not valid)
+    schemas: tuple[dict, ...] = ()  # their schemas, rendered with the prompt (``wire.trace_tool_schemas``)
 
 
 def error_sites(
@@ -92,15 +93,20 @@ def error_sites(
                 continue
             seen.add(key)
             sid = f"{trace.get('trace_id')}::{key}"
-            tools = tuple(wire.trace_tools(trace))
-            out.append(ErrorSite(sid, tuple(turns[:j]), hint or None, recovery, kind, tools))
+            tools, schemas = tuple(wire.trace_tools(trace)), tuple(wire.trace_tool_schemas(trace))
+            out.append(ErrorSite(sid, tuple(turns[:j]), hint or None, recovery, kind, tools, schemas))
     return out
 
 
+def site_tools(site: ErrorSite) -> list[dict]:
+    """The tool schemas the site's prompt is rendered with (from its tool names when it has none)."""
+    return list(site.schemas) or tool_schemas.tools_for(None, site.tools)
+
+
 def site_messages(site: ErrorSite, *, hinted: bool) -> list[dict]:
-    """Chat messages of the history at ``site`` in the ``wire`` format (the system message with the
-    session's tools, then the turns); ``hinted`` appends the hint to the error message."""
-    msgs, _ = wire.turns_to_messages(site.turns, wire.system_text(site.tools))
+    """Chat messages of the history at ``site`` in the ``wire`` format (the system message, then the
+    turns; rendered with :func:`site_tools`); ``hinted`` appends the hint to the error message."""
+    msgs, _ = wire.turns_to_messages(site.turns, wire.SYSTEM_PROMPT)
     if not hinted:
         return msgs
     if not site.hint:
@@ -108,9 +114,10 @@ def site_messages(site: ErrorSite, *, hinted: bool) -> list[dict]:
     return wire.add_hint(msgs, site.hint)
 
 
-def prompt_ids(tok: Any, messages: list[dict], max_len: int) -> list[int]:
-    """Token ids of ``messages`` plus the generation prompt, oldest tokens dropped beyond ``max_len``."""
-    return encoding.render_prompt_ids(tok, messages)[-max_len:]
+def prompt_ids(tok: Any, messages: list[dict], max_len: int, tools: list[dict] | None = None) -> list[int]:
+    """Token ids of ``messages`` (with ``tools``) plus the generation prompt, oldest tokens dropped beyond
+    ``max_len``."""
+    return encoding.render_prompt_ids(tok, messages, tools)[-max_len:]
 
 
 def site_prompts(tok: Any, site: ErrorSite, max_len: int) -> tuple[list[int], list[int] | None]:
@@ -119,11 +126,12 @@ def site_prompts(tok: Any, site: ErrorSite, max_len: int) -> tuple[list[int], li
     message, so dropping as many oldest tokens from the hinted render as from the plain one leaves the
     teacher exactly the student's history; cutting both at ``max_len`` would make the hint cost the
     teacher history the student sees (a teacher worse than its student at short windows)."""
-    full = encoding.render_prompt_ids(tok, site_messages(site, hinted=False))
+    tools = site_tools(site)
+    full = encoding.render_prompt_ids(tok, site_messages(site, hinted=False), tools)
     student = full[-max_len:]
     if not site.hint:
         return student, None
-    hinted = encoding.render_prompt_ids(tok, site_messages(site, hinted=True))
+    hinted = encoding.render_prompt_ids(tok, site_messages(site, hinted=True), tools)
     return student, hinted[-(len(student) + max(0, len(hinted) - len(full))) :]
 
 

@@ -2,8 +2,10 @@
 
 Both row shapes are accepted, as dicts or as dataclasses: ``DPOPair`` carries ``chosen`` / ``rejected``
 strings; ``NormalizedDPOPair`` carries ``chosen_messages`` / ``rejected_messages`` chat lists. The prompt
-is ``state_messages`` rendered with the tokenizer's chat template and a generation prompt; the response
-is the action text followed by the end-of-turn token. Long prompts are cut from the left (the most
+is ``state_messages`` rendered with the tokenizer's chat template, the pair's ``tools`` (when it carries
+them) and a generation prompt; the response is the action as the model writes it in the active wire
+format (``wire.response_text``: native tool calls, or the text format's action text) followed by the
+end-of-turn token. Long prompts are cut from the left (the most
 recent context is kept), so the response itself is never truncated unless it alone is over the cap.
 """
 
@@ -13,6 +15,7 @@ import dataclasses
 import hashlib
 from typing import Any
 
+from composer_replication import wire
 from composer_replication.encoding import encode_response, pad_id, pad_rows, render_prompt_ids
 
 __all__ = ["encode_pairs", "pair_fields"]
@@ -42,6 +45,12 @@ def pair_fields(pair: Any) -> tuple[str, list[dict], str, str]:
     return pair_id, messages, str(chosen), str(rejected)
 
 
+def pair_tools(pair: Any) -> list[dict] | None:
+    """The tool schemas a pair's state is shown with (its ``tools``), or None."""
+    tools = getattr(pair, "tools", None) if not isinstance(pair, dict) else pair.get("tools")
+    return list(tools) if isinstance(tools, list) else None
+
+
 def encode_pairs(tokenizer: Any, pairs: list[Any], max_len: int = 2048) -> dict[str, Any]:
     """Batch of pairs -> the loss seam's ``dpo_*`` keys (right-padded) plus ``pair_ids`` (a list)."""
     pad = pad_id(tokenizer)
@@ -50,9 +59,10 @@ def encode_pairs(tokenizer: Any, pairs: list[Any], max_len: int = 2048) -> dict[
     pair_ids = []
     for pair in pairs:
         pid, messages, chosen, rejected = pair_fields(pair)
-        prompt = render_prompt_ids(tokenizer, messages)
+        tools = pair_tools(pair)
+        prompt = render_prompt_ids(tokenizer, messages, tools)
         for side, text in (("chosen", chosen), ("rejected", rejected)):
-            i, m = encode_response(tokenizer, prompt, text, max_len)
+            i, m = encode_response(tokenizer, prompt, wire.response_text(tokenizer, text, tools), max_len)
             ids[side].append(i)
             masks[side].append(m)
         pair_ids.append(pid)

@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 
-from composer_replication import encoding
+from composer_replication import encoding, wire
 from composer_replication.trainer.frozen_prefix import FrozenPrefix
-from composer_replication.trainer.onpolicy import ErrorSite, site_messages, site_prompts
+from composer_replication.trainer.onpolicy import ErrorSite, site_messages, site_prompts, site_tools
 
 METRICS = ("recovery_ce", "hinted_jsd", "valid_rate", "tool_match_rate", "pref_accuracy")
 
@@ -61,10 +61,11 @@ class _Pair:
     rejected: list[int]
 
 
-def recovery_ids(tok: Any, messages: list[dict], recovery: str) -> list[int]:
-    """The tokens the chat template adds for the assistant turn ``recovery`` after ``messages``."""
-    head = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    full = tok.apply_chat_template([*messages, {"role": "assistant", "content": recovery}], tokenize=False)
+def recovery_ids(tok: Any, messages: list[dict], recovery: str, tools: list[dict] | None = None) -> list[int]:
+    """The tokens the chat template adds for the assistant turn ``recovery`` after ``messages``
+    (``wire``: its tool calls in the active format, the session's ``tools`` shown)."""
+    head = wire.render(tok, messages, tools)
+    full = wire.render(tok, [*messages, wire.assistant_message(recovery)], tools, add_generation_prompt=False)
     if not full.startswith(head):
         raise ValueError("the chat template does not render the assistant turn after its header")
     return list(tok(full[len(head) :], add_special_tokens=False)["input_ids"])
@@ -104,7 +105,7 @@ class SiteSet:
         self.rows: list[_Row] = []
         for s in sites:
             msgs = site_messages(s, hinted=False)
-            rec = recovery_ids(tok, msgs, s.recovery)[:max_recovery]
+            rec = recovery_ids(tok, msgs, s.recovery, site_tools(s))[:max_recovery]
             student, hinted = site_prompts(tok, s, max(8, max_len - len(rec)))  # teacher: + the hint
             tools = list((tools_by_trace or {}).get(s.site_id.rsplit("::", 1)[0], []))
             self.rows.append(_Row(s, student, hinted, rec, tools))
@@ -112,11 +113,16 @@ class SiteSet:
         self.pair_rows: list[_Pair] = []
         for p in self.pairs:
             _, messages, chosen, rejected = pair_tokens.pair_fields(p)
+            ptools = pair_tokens.pair_tools(p)
             c, r = (
-                list(tok(t + eos, add_special_tokens=False)["input_ids"])[:max_recovery]
+                list(tok(wire.response_text(tok, t, ptools) + eos, add_special_tokens=False)["input_ids"])[
+                    :max_recovery
+                ]
                 for t in (chosen, rejected)
             )
-            prompt = encoding.render_prompt_ids(tok, messages)[-max(8, max_len - max(len(c), len(r))) :]
+            prompt = encoding.render_prompt_ids(tok, messages, ptools)[
+                -max(8, max_len - max(len(c), len(r))) :
+            ]
             self.pair_rows.append(_Pair(prompt, c, r))
 
     def __len__(self) -> int:

@@ -131,14 +131,15 @@ class TrainerActor(Actor):
         self.stepper = batch_stepper(cfg, self.model, self.tokenizer, iter(self._next.pop, None))
 
     def _batch(self, examples: list[dict[str, Any]], max_len: int = 512) -> dict[str, Any]:
-        from composer_replication import encoding
+        from composer_replication import encoding, wire
 
         tok = self.tokenizer
         seqs = []
         for ex in examples:
-            ids, mask = encoding.encode_response(
-                tok, encoding.render_prompt_ids(tok, ex["messages"]), ex["student_action"], max_len
-            )
+            tools = wire.trace_tool_schemas(ex)
+            prompt = encoding.render_prompt_ids(tok, ex["messages"], tools)
+            action = wire.response_text(tok, ex["student_action"], tools)
+            ids, mask = encoding.encode_response(tok, prompt, action, max_len)
             n_resp = sum(mask)
             seqs.append((ids[: len(ids) - n_resp], ids[len(ids) - n_resp :]))
         input_ids, resp, attn = encoding.stack_prompt_response(seqs, encoding.pad_id(tok))
