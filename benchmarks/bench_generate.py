@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -311,7 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "new_cpu_s": cpu[n]["new"], "old_tok_s": w["tokens_old"] / old, "new_tok_s": w["tokens_new"] / new,
               "wall_ratio_new_over_old": ratios, "cpu_ratio_new_over_old": cpu_ratios}  # fmt: skip
         print(f"{n:9s} old {w['old_tok_s']:8.1f} tok/s  new {w['new_tok_s']:8.1f} tok/s (best wall)  new/old wall "
-              f"{min(ratios):.3f}-{max(ratios):.3f} cpu {min(cpu_ratios):.3f}-{max(cpu_ratios):.3f}  "
+              f"{min(ratios):.3f}-{max(ratios):.3f} cpu {min(cpu_ratios):.3f}-{max(cpu_ratios):.3f} "
+              f"(median {statistics.median(cpu_ratios):.3f})  "
               f"same rows {w['same_rows']}/{w['rows']}")  # fmt: skip
     if a.out:
         a.out.write_text(json.dumps(result, indent=1) + "\n")
