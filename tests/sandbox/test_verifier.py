@@ -53,6 +53,10 @@ def test_protected_paths():
     assert [p for p in protected if not is_protected(t, p)] == []
     assert [p for p in free if is_protected(t, p)] == []
     assert not is_protected(_task(), "Makefile")  # only when a check runs make
+    # a runner-named module shadows pytest only where Python imports from: the root, the task's PYTHONPATH
+    assert not is_protected(_task(), "src/pytest.py") and not is_protected(_task(), "pkg/py/x.py")
+    assert is_protected(_task(env={"PYTHONPATH": "src:/abs"}), "src/pytest.py")
+    assert is_protected(_task(env={"PYTHONPATH": "./src"}), "src/_pytest/runner.py")
 
 
 def test_split_changes_keeps_source_and_refuses_the_rest():

@@ -4,7 +4,9 @@ What is covered:
 - One long-lived container per sandbox (``docker run -d ... sleep infinity``), each command through
   ``docker exec``; the container has **no network** (``--network none``), a **read-only root**
   (``--read-only``), a **tmpfs workspace** and ``/tmp`` (``workspace_mb`` each, ``noexec`` off so tests
-  can run; tmpfs pages count against the container's memory), CPU / memory / swap / **pids** limits for
+  can run; tmpfs pages count against the container's memory and outlive commands, so each is capped
+  at ``(memory_mb - 128) / 2`` too: filling both leaves 128 MiB for the next command), CPU / memory /
+  swap / **pids** limits for
   the container as a whole, a **non-root user** for every command (``docker exec --user 65534:65534``)
   while the container's init and its ``sleep infinity`` run as a different uid (0, with no
   capabilities), so a command cannot signal or ``ptrace`` them (``kill -9 -1`` ends only its own
@@ -82,6 +84,7 @@ _WRAP = (
     "for p in /proc/[0-9]*; do "
     'p=${p#/proc/}; case "$keep" in *" $p "*) ;; *) kill -9 "$p" 2>/dev/null;; esac; done; exit $rc'
 )
+_HEADROOM_MB = 128  # container memory the two tmpfs mounts can never take (see run_argv)
 _GRACE_S = 15.0  # extra seconds the docker CLI gets beyond the in-container timeout before it is "infra"
 # What the daemon says when the container is gone (then confirmed with `inspect`).
 _GONE = (b"is not running", b"No such container", b"cannot exec in a stopped", b"Error response from daemon")
@@ -177,11 +180,11 @@ class DockerSandbox(SandboxContext):
         # signal or ptrace them. --init: a reaper as pid 1, so killed orphans do not pile up as zombies.
         argv = [self.executable, "run", "-d", "--rm", "--init", "--name", self.name, "--user", "0:0"]
         argv += ["--network", "none", "--read-only", "--workdir", WORKDIR]
-        argv += [
-            "--tmpfs",
-            f"{WORKDIR}:rw,exec,size={lim.workspace_mb}m,uid={uid},gid={gid or uid},mode=0755",
-        ]
-        argv += ["--tmpfs", f"/tmp:rw,exec,size={lim.workspace_mb}m,mode=1777"]
+        # tmpfs pages are the container's memory and outlive every command: the two mounts together leave
+        # at least _HEADROOM_MB, so a full workspace and /tmp never stop the next command from starting.
+        size = min(lim.workspace_mb, max((lim.memory_mb - _HEADROOM_MB) // 2, 16))
+        argv += ["--tmpfs", f"{WORKDIR}:rw,exec,size={size}m,uid={uid},gid={gid or uid},mode=0755"]
+        argv += ["--tmpfs", f"/tmp:rw,exec,size={size}m,mode=1777"]
         argv += [
             "--cpus",
             str(self.cpus),

@@ -39,6 +39,7 @@ from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_san
 from composer_replication.datagen.tasks import Task, bundled_tasks
 from composer_replication.datagen.tools import TOOL_SCHEMAS, parse_tool_calls, run_tool
 from composer_replication.datagen.verifier import OnProtected, Verdict, passed_fraction, verify
+from composer_replication.datagen.workspace import put_task_files
 from composer_replication.safety.stop import Stop, as_stop
 
 __all__ = ["TOOL_NAMES", "WEIGHTS", "make_shaped_reward", "passed_fraction", "score_completion"]
@@ -162,8 +163,7 @@ def make_shaped_reward(
             t = tasks[name]
             try:
                 with factory() as sb:
-                    for path, content in t.files.items():
-                        sb.put(path, content)
+                    put_task_files(sb, t)
                     parts, hint, verdict = _score(
                         sb, t, text, tool_timeout=tool_timeout, kill_switch=kill_switch,
                         sandbox_factory=factory, on_protected=on_protected,

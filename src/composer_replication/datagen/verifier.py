@@ -53,7 +53,7 @@ from typing import Any, Literal
 from composer_replication.datagen.protected import split_changes
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, SandboxType, make_sandbox
 from composer_replication.datagen.tasks import Task
-from composer_replication.datagen.workspace import Changes, read_changes
+from composer_replication.datagen.workspace import Changes, put_files, read_changes
 from composer_replication.safety.kill_switch import KillSwitchTriggered
 
 __all__ = [
@@ -217,10 +217,9 @@ def _check_command(check: str, env: Mapping[str, str]) -> str:
     return f"exec env -i {assigns} bash --noprofile --norc -c {shlex.quote(check)}"
 
 
-def _run_checks(task: Task, sb: Sandbox, stop: Callable[[], str | None] | None) -> list[CheckResult]:
-    nonce = uuid.uuid4().hex[:16]
-    home, plugin = f".cr-verify-{nonce}", f"cr_verify_{nonce}"
-    sb.put(f"{home}/{plugin}.py", _PLUGIN.read_bytes())
+def _run_checks(
+    task: Task, sb: Sandbox, stop: Callable[[], str | None] | None, home: str, plugin: str
+) -> list[CheckResult]:
     wd = sb.workdir.rstrip("/")
     env = {"PATH": _clean_path(sb), "HOME": f"{wd}/{home}", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
     env |= {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
@@ -243,7 +242,9 @@ def _run_checks(task: Task, sb: Sandbox, stop: Callable[[], str | None] | None) 
 
 def _apply(task: Task, sb: Sandbox, kept: Changes) -> list[str]:
     """Put the task's files with ``kept`` laid over them into the empty ``sb``; returns the kept paths
-    that collide with a task file (a file where the task keeps a directory, or the reverse)."""
+    not applied: those that collide with a task file (a file where the task keeps a directory, or the
+    reverse) or could not be written (no space left). A task file that cannot be written is an
+    infrastructure failure (`SandboxError`)."""
     final: dict[str, bytes | str] = {p: c for p, c in task.files.items() if p not in kept}
     added = {p: d for p, d in kept.items() if d is not None}
     clash = [
@@ -251,9 +252,12 @@ def _apply(task: Task, sb: Sandbox, kept: Changes) -> list[str]:
         if any(q.startswith(p + "/") or p.startswith(q + "/") for q in final)
     ]  # fmt: skip
     final |= {p: d for p, d in added.items() if p not in clash}
-    for path, content in final.items():
-        sb.put(path, content)
-    return clash
+    failed = put_files(sb, final)
+    if lost := [p for p in failed if p not in added]:
+        raise SandboxError(
+            f"task {task.name!r}: {len(lost)} of its files did not fit the sandbox: {lost[:3]}"
+        )
+    return clash + failed
 
 
 def verify_changes(
@@ -277,8 +281,13 @@ def verify_changes(
     verdict = Verdict(task.name, [], split.touched, split.dropped, None, on_protected)
     try:
         with _factory(sandbox)() as sb:
+            nonce = uuid.uuid4().hex[:16]
+            home, plugin = f".cr-verify-{nonce}", f"cr_verify_{nonce}"
+            sb.put(
+                f"{home}/{plugin}.py", _PLUGIN.read_bytes()
+            )  # first: the agent's files cannot crowd it out
             verdict.dropped += _apply(task, sb, split.kept)
-            verdict.checks = _run_checks(task, sb, stop)
+            verdict.checks = _run_checks(task, sb, stop, home, plugin)
     except SandboxError as e:
         verdict.infra_error = f"{type(e).__name__}: {e}"
     return verdict
