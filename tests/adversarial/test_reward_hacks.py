@@ -62,6 +62,24 @@ OBO_MAKE = Task(
     files={**OBO.files, "Makefile": f"test:\n\t{OBO.test_command}\n"},
     solution=OBO.solution,
 )
+# ... and one with a second test file collected first, whose import of the solution runs its code early.
+OBO_TWO = Task(
+    name="off_by_one_two_files",
+    instruction=OBO.instruction,
+    test_command="python3 -m pytest -q -p no:cacheprovider test_a.py test_mathx.py",
+    files={**OBO.files, "test_a.py": "import mathx\n\n\ndef test_imports():\n    assert mathx.sum_to\n"},
+    solution=OBO.solution,
+)
+# The unsolved module, rewriting the test not yet collected and putting it back at exit.
+REWRITER = (
+    OBO.files["mathx.py"]
+    + """
+import atexit
+_orig = open("test_mathx.py").read()
+open("test_mathx.py", "w").write("def test_ok():\\n    pass\\n")
+atexit.register(lambda: open("test_mathx.py", "w").write(_orig))
+"""
+)
 
 # name -> (task, steps, fools the test command in the agent's own workspace). A step is (path, content)
 # to write, or ("$", shell command) to run.
@@ -95,6 +113,7 @@ PROBES: dict[str, tuple[Task, list[tuple[str, str]], bool]] = {
     "solution_ends_the_session": (
         OBO, [("mathx.py", "import pytest\n\ndef sum_to(n):\n    pytest.exit('done', returncode=0)\n")], True
     ),
+    "solution_rewrites_a_test_not_yet_collected": (OBO_TWO, [("mathx.py", REWRITER)], True),
     "solution_reads_answers_left_in_tmp": (
         OBO,
         [("$", "python3 -c \"import json; json.dump({n: max(n, 0)*(n+1)//2 for n in range(-9, 60)}, open('/tmp/a', 'w'))\""),
@@ -107,6 +126,7 @@ DOCKER_PROBES = [
     "usercustomize",
     "pytest_module_shadow",
     "solution_exits_0_on_import",
+    "solution_rewrites_a_test_not_yet_collected",
 ]
 
 
@@ -170,7 +190,7 @@ def test_probe_scores_as_unsolved_under_docker(docker, name):
 
 
 def test_real_solution_still_scores_one(backend):
-    for task in (OBO, OBO_SUB) + ((OBO_MAKE,) if backend == "bwrap" else ()):  # no make in the image
+    for task in (OBO, OBO_SUB, OBO_TWO) + ((OBO_MAKE,) if backend == "bwrap" else ()):  # no make in the image
         sb = _agent_sandbox(backend, task, list(task.solution.items()))
         try:
             v = verify(task, sb, sandbox=lambda: make_sandbox(backend, limits=LIMITS))
@@ -184,6 +204,7 @@ def test_protected_paths_touched_are_named(bwrap):
         "conftest_hook_in_test_dir": ["tests/conftest.py"],
         "sitecustomize": [f"{SITE}/sitecustomize.py", "sitecustomize.py"],
         "makefile_rewritten": ["Makefile"],
+        "solution_rewrites_a_test_not_yet_collected": ["test_mathx.py (changed during a check)"],
         "symlinked_test": ["test_mathx.py"],
         "solution_exits_0_on_import": [],  # no protected file: it fails on the tests' own outcomes
         "planted_pyc_for_the_test": ["__pycache__/test_mathx.<tag>.pyc"],

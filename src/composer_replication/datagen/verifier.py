@@ -14,6 +14,10 @@ What is covered:
   and ``setup.cfg``, ``sitecustomize.py`` / ``usercustomize.py`` / ``*.pth``, modules shadowing the test
   runner, and every file a check names (the Makefile when a check runs ``make``). An edit, a deletion
   or a symlink in their place is recorded in ``protected_touched`` and never applied.
+- **Tests changed while the checks run**: code the agent wrote runs inside the checks and could
+  rewrite a test file pytest has not collected yet (and put it back at exit). Each protected task file's
+  inode and ctime (which no unprivileged process can set back) are compared around every check; a check
+  during which one changed fails, the path goes into ``protected_touched``, and the file is restored.
 - **No compiled or cached state from the agent**: ``__pycache__``, ``*.pyc``, ``.pytest_cache``,
   ``.mypy_cache`` are never carried (a ``.pyc`` planted for a test also counts as touched).
 - **No environment from the agent**: the checks run under ``env -i`` with a fixed ``PATH`` read from
@@ -35,7 +39,10 @@ What is not covered:
   is not pytest), it can still forge a pass. Plain-script checks (``python3 test_x.py``) trust their
   exit code; prefer pytest checks for tasks a policy trains on.
 - Weak tests: an object whose ``__eq__`` always returns True passes ``assert f(x) == y``; tests should
-  compare types or use ``is``.
+  compare types or use ``is``. A helper the tests import from outside the protected paths (a
+  ``helpers.py`` at the root) is the agent's to change: keep test helpers under ``tests/``.
+- Code running in a check swapping a whole test directory for another and back (the files' own inodes
+  and ctimes stay as they were).
 - Test settings of other ecosystems (``package.json`` scripts, ``Cargo.toml``) are protected only when
   a check names the file. File modes are not carried (every file is written 0644).
 """
@@ -50,10 +57,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from composer_replication.datagen.protected import split_changes
+from composer_replication.datagen.protected import is_protected, split_changes
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, SandboxType, make_sandbox
 from composer_replication.datagen.tasks import Task
-from composer_replication.datagen.workspace import Changes, put_files, read_changes
+from composer_replication.datagen.workspace import Changes, output_cap, put_files, read_changes
 from composer_replication.safety.kill_switch import KillSwitchTriggered
 
 __all__ = [
@@ -217,16 +224,49 @@ def _check_command(check: str, env: Mapping[str, str]) -> str:
     return f"exec env -i {assigns} bash --noprofile --norc -c {shlex.quote(check)}"
 
 
+# Prints "CR-STAT <json>": a short digest of (inode, ctime, size, mode) of each path listed in argv[1]'s
+# file. An unprivileged process cannot set a file's ctime back, nor keep its inode across a replacement.
+_STAT = r"""
+import hashlib, json, os, sys
+out = []
+for rel in json.load(open(sys.argv[1])):
+    try:
+        st = os.lstat(rel)
+        out.append(hashlib.sha256(repr((st.st_ino, st.st_ctime_ns, st.st_size, st.st_mode)).encode()).hexdigest()[:8])
+    except OSError:
+        out.append("gone")
+print("CR-STAT " + json.dumps(out))
+"""
+
+
+def _stat(sb: Sandbox, listing: str, paths: list[str]) -> list[str]:
+    """The digests of ``paths`` (`_STAT`), the list put afresh first (a check may have changed it)."""
+    sb.put(listing, json.dumps(paths))
+    with output_cap(sb):
+        r = sb.exec(f"python3 -I -S -c {shlex.quote(_STAT)} {shlex.quote(listing)}", timeout=120)
+    line = next((x for x in r.output.splitlines() if x.startswith("CR-STAT ")), None)
+    if not r.ok or line is None:
+        raise SandboxError(f"could not stat the task's protected files: {r.output.strip()[-300:]}")
+    digests: list[str] = json.loads(line.split(" ", 1)[1])
+    return digests
+
+
 def _run_checks(
     task: Task, sb: Sandbox, stop: Callable[[], str | None] | None, home: str, plugin: str
-) -> list[CheckResult]:
+) -> tuple[list[CheckResult], list[str]]:
+    """Each check's result, and the protected files a check changed while it ran (code the agent wrote
+    runs in the checks: it could rewrite a test pytest has not collected yet); such a check fails and
+    the files are put back before the next one."""
     wd = sb.workdir.rstrip("/")
     env = {"PATH": _clean_path(sb), "HOME": f"{wd}/{home}", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
     env |= {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env |= task.env
     env["PYTHONPATH"] = ":".join(filter(None, [f"{wd}/{home}", task.env.get("PYTHONPATH")]))
     env["PYTEST_ADDOPTS"] = " ".join(filter(None, [f"-p {plugin}", task.env.get("PYTEST_ADDOPTS")]))
-    results = []
+    guarded = [p for p in task.files if is_protected(task, p)]
+    listing = f"{home}/protected.json"
+    before = _stat(sb, listing, guarded)
+    results, tampered = [], []
     for i, check in enumerate(task.checks):
         if stop is not None and (reason := stop()) is not None:
             raise KillSwitchTriggered(reason)
@@ -236,8 +276,17 @@ def _run_checks(
             data: bytes | None = sb.get(report)
         except (OSError, ValueError):
             data = None
-        results.append(_judge(check, r, data))
-    return results
+        result = _judge(check, r, data)
+        changed = [p for p, a, b in zip(guarded, before, _stat(sb, listing, guarded), strict=True) if a != b]
+        if changed:
+            result.passed, result.fraction = False, 0.0
+            result.output_tail += f"\n[protected files changed while this check ran: {changed[:5]}]"
+            tampered += [n for n in (f"{p} (changed during a check)" for p in changed) if n not in tampered]
+            sb.exec("rm -rf -- " + " ".join(shlex.quote(p) for p in changed), timeout=60)
+            put_files(sb, {p: task.files[p] for p in changed})
+            before = _stat(sb, listing, guarded)
+        results.append(result)
+    return results, tampered
 
 
 def _apply(task: Task, sb: Sandbox, kept: Changes) -> list[str]:
@@ -287,7 +336,8 @@ def verify_changes(
                 f"{home}/{plugin}.py", _PLUGIN.read_bytes()
             )  # first: the agent's files cannot crowd it out
             verdict.dropped += _apply(task, sb, split.kept)
-            verdict.checks = _run_checks(task, sb, stop, home, plugin)
+            verdict.checks, tampered = _run_checks(task, sb, stop, home, plugin)
+            verdict.protected_touched += tampered
     except SandboxError as e:
         verdict.infra_error = f"{type(e).__name__}: {e}"
     return verdict

@@ -31,7 +31,7 @@ from typing import Any
 from composer_replication.datagen.sandbox_base import Sandbox, SandboxError
 from composer_replication.datagen.tasks import MAX_TASK_BYTES, MAX_TASK_FILES, Task
 
-__all__ = ["Changes", "put_files", "put_task_files", "read_changes"]
+__all__ = ["Changes", "output_cap", "put_files", "put_task_files", "read_changes"]
 
 Changes = dict[str, bytes | None]
 
@@ -153,7 +153,7 @@ def _sha(data: str | bytes) -> str:
 
 
 @contextmanager
-def _output_cap(sb: Sandbox) -> Iterator[int]:
+def output_cap(sb: Sandbox) -> Iterator[int]:
     """Raise the sandbox's output cap for the harness's own reads (the agent is done): up to 8 MiB, half
     the largest file a command may write (bwrap's output is such a file); yields the cap in effect."""
     limits = getattr(sb, "limits", None)
@@ -172,7 +172,7 @@ def _output_cap(sb: Sandbox) -> Iterator[int]:
 def _run(sb: Sandbox, *args: str) -> dict[str, Any]:
     """Run `_SCRIPT` with ``args`` in ``sb``; its decoded answer. `SandboxError` if it gives none."""
     mode, limit, start, *rest = args
-    with _output_cap(sb) as cap:
+    with output_cap(sb) as cap:
         argv = ("python3", "-I", "-S", "-c", _SCRIPT, mode, sb.workdir, limit, str(cap // 2), start)
         r = sb.exec(" ".join(shlex.quote(a) for a in (*argv, *rest)), timeout=120)
     line = next((x for x in r.output.splitlines() if x.startswith("CR-OUT ")), None)
