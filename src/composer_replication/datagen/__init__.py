@@ -34,6 +34,10 @@ _EXPORTS = {
     "oracle_policy": "rollout",
     "SandboxCodingEnv": "env",
     "make_test_reward": "env",
+    "verify": "verifier",
+    "verify_changes": "verifier",
+    "Verdict": "verifier",
+    "CheckResult": "verifier",
 }
 __all__ = list(_EXPORTS)
 
