@@ -24,6 +24,7 @@ from composer_replication.datagen.verifier import verify
 
 LIMITS = SandboxLimits(cpu_s=20, memory_mb=512, nproc=64, fsize_mb=8)
 OBO = bundled_tasks()["off_by_one"]
+IMPL = bundled_tasks()["implement_function"]
 HOOK = """import pytest
 
 
@@ -114,6 +115,8 @@ PROBES: dict[str, tuple[Task, list[tuple[str, str]], bool]] = {
         OBO, [("mathx.py", "import pytest\n\ndef sum_to(n):\n    pytest.exit('done', returncode=0)\n")], True
     ),
     "solution_rewrites_a_test_not_yet_collected": (OBO_TWO, [("mathx.py", REWRITER)], True),
+    # implement_function's own command is a plain script (`python3 test_text.py`): its check is pytest
+    "script_task_solution_exits_0": (IMPL, [("text.py", "import os\nos._exit(0)\n")], True),
     "solution_reads_answers_left_in_tmp": (
         OBO,
         [("$", "python3 -c \"import json; json.dump({n: max(n, 0)*(n+1)//2 for n in range(-9, 60)}, open('/tmp/a', 'w'))\""),

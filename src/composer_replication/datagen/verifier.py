@@ -50,6 +50,7 @@ What is not covered:
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import uuid
 from collections.abc import Callable, Mapping
@@ -141,8 +142,6 @@ class Verdict:
 def passed_fraction(output: str, ok: bool) -> float:
     """Passed / (passed + failed + errors) from the last pytest-style summary line; else 1.0 / 0.0 by
     the exit status. ``N passed, M failed`` from another test script is read the same way."""
-    import re
-
     for line in reversed(output.strip().splitlines()):
         counts = {k.rstrip("s"): int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?)\b", line)}
         if counts:
