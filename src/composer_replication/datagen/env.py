@@ -54,6 +54,11 @@ class InfraStats:
         return reward
 
 
+def completion_text(completion: str | list[dict[str, Any]]) -> str:
+    """A completion as text: itself, or its messages' contents joined (TRL's conversational rows)."""
+    return completion if isinstance(completion, str) else "".join(m.get("content") or "" for m in completion)
+
+
 def _score(sb: Sandbox, task: Task, factory: Callable[[], Sandbox], stats: InfraStats) -> float | None:
     """1.0 / 0.0 by the verifier (`datagen.verifier.verify`; a fresh sandbox from ``factory``), recorded
     in ``stats``; None (recorded as an infrastructure failure) when the checks could not run."""
@@ -189,12 +194,7 @@ def make_test_reward(
     def sandbox_tests_reward(completions: list[Any], task: list[str], **_: Any) -> list[float | None]:
         rewards: list[float | None] = []
         for completion, name in zip(completions, task, strict=True):
-            text = (
-                completion
-                if isinstance(completion, str)
-                else "".join(m.get("content") or "" for m in completion)
-            )
-            t = tasks[name]
+            text, t = completion_text(completion), tasks[name]
             try:
                 with factory() as sb:
                     put_task_files(sb, t)

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from composer_replication.datagen.env import InfraStats
+from composer_replication.datagen.env import InfraStats, completion_text
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
 from composer_replication.datagen.tasks import Task, bundled_tasks
 from composer_replication.datagen.tools import TOOL_SCHEMAS, parse_tool_calls, run_tool
@@ -153,11 +153,7 @@ def make_shaped_reward(
         parts_rows: list[dict[str, float] | None] = []
         verdicts: list[Verdict | None] = []
         for completion, name in zip(completions, task, strict=True):
-            text = (
-                completion
-                if isinstance(completion, str)
-                else "".join(m.get("content") or "" for m in completion)
-            )
+            text = completion_text(completion)
             if name not in tasks:
                 raise ValueError(f"dataset row has task={name!r}; known tasks: {sorted(tasks)}")
             t = tasks[name]
