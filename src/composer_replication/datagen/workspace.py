@@ -244,10 +244,11 @@ def read_changes(task: Task, sb: Sandbox) -> tuple[Changes, list[str]]:
 
 
 def put_files(sb: Sandbox, files: Mapping[str, bytes | str]) -> list[str]:
-    """Write ``files`` (workspace-relative path -> content) into ``sb``: one by one when they are few,
-    else as one zip unpacked inside (two commands whatever the count). Returns the paths that could
-    not be written (no space left in the workspace, say); `SandboxError` if the sandbox fails."""
-    if len(files) <= 8:
+    """Write ``files`` (workspace-relative path -> content) into ``sb``: one by one where that is cheap
+    (one file; up to 8 under bubblewrap, whose `put` is a host write), else as one zip unpacked inside
+    (two commands whatever the count). Returns the paths that could not be written (no space left in
+    the workspace, say); `SandboxError` if the sandbox fails."""
+    if len(files) <= (8 if getattr(sb, "type", None) == "bwrap" else 1):
         for path, content in files.items():
             sb.put(path, content)
         return []
