@@ -167,7 +167,7 @@ def test_docker_argv_is_locked_down():
     for flag in [
         "--network none",
         "--read-only",
-        "--user 65534:65534",
+        "--user 0:0",  # the init: out of the commands' reach (they run as 65534, below)
         "--memory 512m",
         "--memory-swap 512m",
         "--pids-limit 64",
@@ -182,7 +182,7 @@ def test_docker_argv_is_locked_down():
     assert any(a.startswith("/workspace:rw,exec,size=") for a in run)
     exec_argv = sb.exec_argv("pytest -q", 7)
     assert exec_argv[-2:] == ["7", "pytest -q"] and "timeout --signal=KILL" in exec_argv[-5]
-    assert exec_argv[:4] == ["docker", "exec", "-w", "/workspace"]
+    assert exec_argv[:6] == ["docker", "exec", "-u", "65534:65534", "-w", "/workspace"]
     assert DockerSandbox(executable="podman", runtime="runsc").run_argv()[:2] == ["podman", "run"]
     assert "--runtime" in DockerSandbox(runtime="runsc").run_argv()
     from composer_replication.datagen.sandbox import Sandbox

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from composer_replication.datagen.checks import judge
 from composer_replication.datagen.protected import cache_source, is_protected, split_changes
 from composer_replication.datagen.sandbox import make_sandbox
 from composer_replication.datagen.tasks import Task, bundled_tasks
 from composer_replication.datagen.verifier import (
     Verdict,
-    _judge,
     solution_changes,
     verify,
     verify_changes,
@@ -53,6 +53,10 @@ def test_protected_paths():
     assert [p for p in protected if not is_protected(t, p)] == []
     assert [p for p in free if is_protected(t, p)] == []
     assert not is_protected(_task(), "Makefile")  # only when a check runs make
+    # a runner-named module shadows pytest only where Python imports from: the root, the task's PYTHONPATH
+    assert not is_protected(_task(), "src/pytest.py") and not is_protected(_task(), "pkg/py/x.py")
+    assert is_protected(_task(env={"PYTHONPATH": "src:/abs"}), "src/pytest.py")
+    assert is_protected(_task(env={"PYTHONPATH": "./src"}), "src/_pytest/runner.py")
 
 
 def test_split_changes_keeps_source_and_refuses_the_rest():
@@ -104,10 +108,10 @@ def test_judge_reads_the_plugin_report():
     items = {"event": "items", "ids": ["t.py::a", "t.py::b", "t.py::c"], "errors": []}
     tests = [{"event": "test", "id": f"t.py::{x}", "outcome": "passed"} for x in "abc"]
     full = _report({"event": "start"}, items, *tests, {"event": "finish", "exitstatus": 0})
-    ok = _judge("python3 -m pytest t.py", _result("3 passed"), full)
+    ok = judge("python3 -m pytest t.py", _result("3 passed"), full)
     assert ok.passed and ok.fraction == 1.0 and ok.tests == dict.fromkeys(items["ids"], "passed")
     # cut short after two tests (os._exit): no finish line, the third never ran
-    cut = _judge("pytest t.py", _result(rc=0), _report({"event": "start"}, items, *tests[:2]))
+    cut = judge("pytest t.py", _result(rc=0), _report({"event": "start"}, items, *tests[:2]))
     assert not cut.passed and cut.fraction == pytest.approx(2 / 3) and cut.tests["t.py::c"] == "not run"
     # a skip is not a pass; a collection error counts against; a test seen twice keeps its worst outcome
     skip = {"event": "test", "id": "t.py::c", "outcome": "skipped"}
@@ -121,21 +125,21 @@ def test_judge_reads_the_plugin_report():
         {"event": "test", "id": "t.py::a", "outcome": "failed"},
         {"event": "finish", "exitstatus": 1},
     )
-    m = _judge("pytest t.py", _result(rc=1), mixed)
+    m = judge("pytest t.py", _result(rc=1), mixed)
     assert not m.passed and m.fraction == pytest.approx(1 / 4)
     assert m.tests == {"t.py::a": "failed", "t.py::b": "passed", "t.py::c": "skipped",
                        "<collection error: u.py>": "error"}  # fmt: skip
     # pytest that never reported (shadowed, or killed before it started) fails whatever it printed
-    fake = _judge("python3 -m pytest -q t.py", _result("3 passed in 0.01s"), None)
+    fake = judge("python3 -m pytest -q t.py", _result("3 passed in 0.01s"), None)
     assert not fake.passed and fake.fraction == 0.0
     # a plain script is judged by its exit code and summary
-    script = _judge("python3 test_text.py", _result("5 passed, 2 failed", rc=1), None)
+    script = judge("python3 test_text.py", _result("5 passed, 2 failed", rc=1), None)
     assert not script.passed and script.fraction == pytest.approx(5 / 7)
-    assert _judge("python3 test_text.py", _result("ok"), None).passed
+    assert judge("python3 test_text.py", _result("ok"), None).passed
 
 
 def test_verdict_policy():
-    from composer_replication.datagen.verifier import CheckResult
+    from composer_replication.datagen.checks import CheckResult
 
     checks = [CheckResult("c", True, 1.0, ""), CheckResult("d", False, 0.5, "")]
     v = Verdict("t", checks, ["conftest.py"])

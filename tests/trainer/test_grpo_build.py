@@ -109,6 +109,7 @@ def _online_run(tok, out, args_kw=None, resume=None, **trainer_kw):
     def reward(completions, **_):
         reward.last_hints = [("read the file first" if i % 2 == 0 else None) for i in range(len(completions))]
         reward.last_parts = [{"format": 1.0, "runs": i % 2} for i in range(len(completions))]
+        reward.last_hack_attempts = 1  # one completion touched a protected file (datagen.verifier)
         return [float(i % 3) for i in range(len(completions))]
 
     pair = {
@@ -139,11 +140,13 @@ def _online_run(tok, out, args_kw=None, resume=None, **trainer_kw):
 
 def test_online_sdpo_from_a_reward_that_names_failed_calls(tiny_tokenizer, tmp_path):
     """A reward publishing ``last_hints`` turns on the hinted teacher for exactly those completions; a
-    pair travelling as JSON text is decoded for the DPO channel; a shaped reward's parts are logged."""
+    pair travelling as JSON text is decoded for the DPO channel; a shaped reward's parts and reward-hack
+    attempts are logged."""
     rows, log = _online_run(tiny_tokenizer, tmp_path, alpha_sdpo=1.0, beta_replay=1.0)
     assert sum(rows) == 2  # the two hinted completions (TRL shuffles rows before the loss)
     assert log["sdpo/tokens"] > 0 and log["pref/pairs"] == 1
     assert log["reward_parts/format"] == 1.0 and log["reward_parts/runs"] == 0.5
+    assert log["reward_hack_attempts"] == 1.0
 
 
 def test_sdpo_wrapper_reaches_the_grpo_trainer(tiny_tokenizer, tmp_path):

@@ -27,6 +27,7 @@ _EXPORTS = lazy_exports(
             "oracle_policy",
         ),
         "env": ("SandboxCodingEnv", "make_test_reward"),
+        "verifier": ("verify", "verify_changes", "Verdict", "CheckResult"),
     }
 )
 __all__ = list(_EXPORTS)

@@ -4,8 +4,13 @@ What is covered:
 - One long-lived container per sandbox (``docker run -d ... sleep infinity``), each command through
   ``docker exec``; the container has **no network** (``--network none``), a **read-only root**
   (``--read-only``), a **tmpfs workspace** and ``/tmp`` (``workspace_mb`` each, ``noexec`` off so tests
-  can run; tmpfs pages count against the container's memory), CPU / memory / swap / **pids** limits for
-  the container as a whole, a **non-root user** (``--user 65534:65534``), **all capabilities dropped**,
+  can run; tmpfs pages count against the container's memory and outlive commands, so each is capped
+  at ``(memory_mb - 128) / 2`` too: filling both leaves 128 MiB for the next command), CPU / memory /
+  swap / **pids** limits for
+  the container as a whole, a **non-root user** for every command (``docker exec --user 65534:65534``)
+  while the container's init and its ``sleep infinity`` run as a different uid (0, with no
+  capabilities), so a command cannot signal or ``ptrace`` them (``kill -9 -1`` ends only its own
+  processes), **all capabilities dropped**,
   ``no-new-privileges``, ulimits for file size and open files, and the daemon's **default seccomp
   profile** (which denies ``keyctl``/``add_key``/``request_key`` and namespace creation; `start` refuses
   a daemon that reports no seccomp support). Docker masks ``/proc/keys`` and runs every container
@@ -16,8 +21,14 @@ What is covered:
   the container's cgroup on the host and reported as ``memory_limit`` / ``nproc_limit``.
 - The default image is built locally by `docker_image.ensure_image` (no registry).
 - Wall clock: each command runs under ``timeout --signal=KILL`` *inside* the container (the agent's
-  timeout: ``timed_out=True``); if the docker CLI itself hangs past that plus a grace period, the
-  harness raises `SandboxError` (an infra failure, never a reward of 0).
+  timeout: ``timed_out=True``). A command that stops or traces its own ``timeout`` and wrapper (they
+  share its uid) hangs the ``docker exec``: past the timeout plus a grace period every process of the
+  sandbox user is killed and the command counts as timed out; only if the container does not answer
+  that does the harness raise `SandboxError` (an infra failure, never a reward of 0).
+- A container that stops anyway (the daemon, the OOM killer) is detected on the next command (the
+  daemon's error, confirmed with ``docker inspect``, so a command printing that error fakes nothing):
+  that command raises `SandboxError` (the rollout is an infrastructure failure, never scored) and a
+  fresh container replaces it for the commands after (``restarts`` counts them; the workspace is lost).
 - Files go in and out through ``docker exec -i`` + ``cat`` (``docker cp`` cannot write into tmpfs).
 - ``executable="podman"`` uses the same flags (podman accepts them).
 
@@ -74,7 +85,10 @@ _WRAP = (
     "for p in /proc/[0-9]*; do "
     'p=${p#/proc/}; case "$keep" in *" $p "*) ;; *) kill -9 "$p" 2>/dev/null;; esac; done; exit $rc'
 )
+_HEADROOM_MB = 128  # container memory the two tmpfs mounts can never take (see run_argv)
 _GRACE_S = 15.0  # extra seconds the docker CLI gets beyond the in-container timeout before it is "infra"
+# What the daemon says when the container is gone (then confirmed with `inspect`).
+_GONE = (b"is not running", b"No such container", b"cannot exec in a stopped", b"Error response from daemon")
 
 
 @functools.lru_cache(maxsize=4)
@@ -158,6 +172,7 @@ class DockerSandbox(SandboxContext):
         self.container_id: str | None = None
         self._init_pid: int | None = None
         self._main_pid = "0"
+        self.restarts = 0  # containers found stopped and replaced (see module docstring)
 
     # ----------------------------------------------------------------- argv builders (pure)
     def run_argv(self) -> list[str]:
@@ -166,13 +181,15 @@ class DockerSandbox(SandboxContext):
         uid, _, gid = self.user.partition(":")
         mb = 1024 * 1024
         # --init: a reaper as pid 1, so killed orphans do not pile up as zombies against --pids-limit.
-        argv = [self.executable, "run", "-d", "--rm", "--init", "--name", self.name]
-        argv += ["--network", "none", "--read-only", "--user", self.user, "--workdir", WORKDIR]
-        argv += [
-            "--tmpfs",
-            f"{WORKDIR}:rw,exec,size={lim.workspace_mb}m,uid={uid},gid={gid or uid},mode=0755",
-        ]
-        argv += ["--tmpfs", f"/tmp:rw,exec,size={lim.workspace_mb}m,mode=1777"]
+        # The init and `sleep infinity` run as uid 0 without capabilities: the commands (exec --user) cannot
+        # signal or ptrace them. --init: a reaper as pid 1, so killed orphans do not pile up as zombies.
+        argv = [self.executable, "run", "-d", "--rm", "--init", "--name", self.name, "--user", "0:0"]
+        argv += ["--network", "none", "--read-only", "--workdir", WORKDIR]
+        # tmpfs pages are the container's memory and outlive every command: the two mounts together leave
+        # at least _HEADROOM_MB, so a full workspace and /tmp never stop the next command from starting.
+        size = min(lim.workspace_mb, max((lim.memory_mb - _HEADROOM_MB) // 2, 16))
+        argv += ["--tmpfs", f"{WORKDIR}:rw,exec,size={size}m,uid={uid},gid={gid or uid},mode=0755"]
+        argv += ["--tmpfs", f"/tmp:rw,exec,size={size}m,mode=1777"]
         argv += [
             "--cpus",
             str(self.cpus),
@@ -197,7 +214,8 @@ class DockerSandbox(SandboxContext):
     def exec_argv(self, cmd: str, timeout: float, *, stdin: bool = False) -> list[str]:
         """The ``docker exec`` argv for one command under an in-container ``timeout --signal=KILL``."""
         target = self.container_id or self.name
-        argv = [self.executable, "exec"] + (["-i"] if stdin else []) + ["-w", WORKDIR, target]
+        argv = [self.executable, "exec"] + (["-i"] if stdin else []) + ["-u", self.user, "-w", WORKDIR]
+        argv.append(target)
         return argv + ["bash", "-c", _WRAP, "cr-exec", self._main_pid, f"{timeout:g}", cmd]
 
     def stop_argv(self) -> list[str]:
@@ -228,8 +246,44 @@ class DockerSandbox(SandboxContext):
         )
         self._init_pid = int(pid.stdout.strip()) if pid.stdout.strip().isdigit() else None
         # The container's `sleep infinity` (the init's only child now) is spared by the per-command kill.
-        main = self._run([self.executable, "exec", self.container_id, "cat", "/proc/1/task/1/children"], 30)
+        argv = [self.executable, "exec", self.container_id, "cat", "/proc/1/task/1/children"]
+        main = subprocess.run(argv, capture_output=True, timeout=30)
         self._main_pid = main.stdout.decode().split()[0] if main.stdout.split() else "0"
+
+    def _reap(self) -> bool:
+        """``kill -9 -1`` as the sandbox user (never reaches the init); True when the container answered."""
+        argv = [self.executable, "exec", "-u", self.user, self.container_id or "", "bash", "-c", "kill -9 -1"]
+        try:
+            r = subprocess.run(argv, capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return r.returncode in (0, 1) and not self._stopped(r)
+
+    def _stopped(self, r: subprocess.CompletedProcess[bytes]) -> bool:
+        """Whether the container is gone: the daemon's error, confirmed by ``inspect`` (a command can print
+        the same words)."""
+        if r.returncode == 0 or not any(m in r.stderr for m in _GONE):
+            return False
+        probe = [self.executable, "inspect", "--format", "{{.State.Running}}", self.container_id or ""]
+        try:
+            state = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return True
+        return state.stdout.strip() != "true"
+
+    def _replace(self, r: subprocess.CompletedProcess[bytes]) -> SandboxError:
+        """Start a fresh container for the next command; the error for this one."""
+        why = r.stderr.decode(errors="replace").strip()[-300:]
+        self.stop()
+        self.restarts += 1
+        try:
+            self.start()
+        except (SandboxError, OSError, subprocess.SubprocessError) as e:
+            return SandboxError(f"the sandbox container stopped ({why}) and could not be replaced: {e}")
+        return SandboxError(
+            f"the sandbox container stopped ({why}); a fresh one (empty workspace) replaces it for the next "
+            "command, and this run is an infrastructure failure"
+        )
 
     def stop(self) -> None:
         if self.container_id is not None:
@@ -243,9 +297,17 @@ class DockerSandbox(SandboxContext):
         if self.container_id is None:
             raise SandboxError("sandbox not started: use `with make_sandbox('docker') as sb:`")
         try:
-            return subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout + _GRACE_S)
+            r = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout + _GRACE_S)
         except subprocess.TimeoutExpired as e:
-            raise SandboxError(f"{self.executable} exec hung for {timeout + _GRACE_S:.0f} s") from e
+            # A command can stop or trace its own `timeout` and wrapper (same uid): end every process of
+            # the sandbox user, then it is the command's timeout (137), not the sandbox's failure.
+            if not self._reap():
+                raise SandboxError(f"{self.executable} exec hung for {timeout + _GRACE_S:.0f} s") from e
+            note = b"\n[the command stopped its own wrapper; every process of the sandbox user was killed]"
+            return subprocess.CompletedProcess(argv, 137, e.stdout or b"", (e.stderr or b"") + note)
+        if self._stopped(r):
+            raise self._replace(r)
+        return r
 
     def _events(self) -> dict[str, int]:
         return process_cgroup_events(self._init_pid) if self._init_pid else {}

@@ -30,6 +30,7 @@ from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_san
 from composer_replication.datagen.tasks import Task, bundled_tasks
 from composer_replication.datagen.tools import parse_tool_calls, run_tool
 from composer_replication.datagen.verifier import verify
+from composer_replication.datagen.workspace import put_task_files
 from composer_replication.safety.kill_switch import KillSwitch
 
 
@@ -51,6 +52,11 @@ class InfraStats:
         else:
             self.scored += 1
         return reward
+
+
+def completion_text(completion: str | list[dict[str, Any]]) -> str:
+    """A completion as text: itself, or its messages' contents joined (TRL's conversational rows)."""
+    return completion if isinstance(completion, str) else "".join(m.get("content") or "" for m in completion)
 
 
 def _score(sb: Sandbox, task: Task, factory: Callable[[], Sandbox], stats: InfraStats) -> float | None:
@@ -100,8 +106,7 @@ class SandboxCodingEnv:
             sb = self._factory()
             sb.start()
             self._sb = sb
-            for path, content in self._task.files.items():
-                sb.put(path, content)
+            put_task_files(sb, self._task)
         except SandboxError as e:
             self._infra_error = str(e)
             return None
@@ -171,13 +176,6 @@ class SandboxCodingEnv:
             self._sb = None
 
 
-def completion_text(completion: str | list[dict[str, Any]]) -> str:
-    """A GRPO completion as text: the string itself, or its messages' contents joined."""
-    if isinstance(completion, str):
-        return completion
-    return "".join(m.get("content") or "" for m in completion)
-
-
 def make_test_reward(
     tasks: Mapping[str, Task] | None = None,
     *,
@@ -200,8 +198,7 @@ def make_test_reward(
             t = tasks[name]
             try:
                 with factory() as sb:
-                    for path, content in t.files.items():
-                        sb.put(path, content)
+                    put_task_files(sb, t)
                     for call in parse_tool_calls(text):
                         run_tool(sb, call["name"], call["input"], timeout=tool_timeout)
                     rewards.append(_score(sb, t, factory, stats))

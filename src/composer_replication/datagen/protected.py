@@ -7,8 +7,9 @@ deletion) into the ones the verifier applies and the ones it refuses:
   ``touched``): test files (``test_*.py``, ``*_test.py``, anything under a ``tests/`` or ``test/``
   directory), ``conftest.py`` at any depth, pytest/tox/nox settings (``pytest.ini``, ``.pytest.ini``,
   ``pytest.toml``, ``.pytest.toml``, ``tox.ini``, ``noxfile.py``), Python start-up hooks
-  (``sitecustomize.py``, ``usercustomize.py``, ``*.pth``), new top-level modules named like the test
-  runner (``pytest``, ``_pytest``, ``pluggy``, ``py``, ``iniconfig``, ``packaging``), every file a check
+  (``sitecustomize.py``, ``usercustomize.py``, ``*.pth``), new modules named like the test runner
+  (``pytest``, ``_pytest``, ``pluggy``, ``py``, ``iniconfig``, ``packaging``) at the top level or in a
+  directory of the task's ``PYTHONPATH``, every file a check
   command names (``bash run_tests.sh``, ``pytest -c ci.ini``) and, when a check runs ``make``, the
   Makefile;
 - **test sections** of ``pyproject.toml`` (``[tool.pytest]``, ``[tool.pytest.ini_options]``) and
@@ -97,6 +98,17 @@ def _named_by_checks(task: Task) -> set[str]:
     return named
 
 
+def _import_roots(task: Task) -> list[PurePosixPath]:
+    """Where a new module shadows the test runner: the workspace root and the task's PYTHONPATH dirs."""
+    roots = [PurePosixPath()]
+    for entry in task.env.get("PYTHONPATH", "").split(":"):
+        try:
+            roots.append(PurePosixPath(safe_relpath(entry.removeprefix("./"))))
+        except ValueError:
+            continue
+    return roots
+
+
 def is_protected(task: Task, path: str, named: set[str] | None = None) -> bool:
     """Whether ``path`` (task-relative) is taken from the task whatever the agent did (module docstring).
 
@@ -104,7 +116,11 @@ def is_protected(task: Task, path: str, named: set[str] | None = None) -> bool:
     p = PurePosixPath(path)
     if p.name in _CONFIG_NAMES or p.name.endswith(".pth") or is_test_file(path):
         return True
-    if p.parts[0].removesuffix(".py") in _RUNNER_MODULES and path not in task.files:
+    if path not in task.files and any(
+        p.parts[len(d.parts)].removesuffix(".py") in _RUNNER_MODULES
+        for d in _import_roots(task)
+        if p.parts[: len(d.parts)] == d.parts and len(p.parts) > len(d.parts)
+    ):
         return True
     return path in (_named_by_checks(task) if named is None else named)
 

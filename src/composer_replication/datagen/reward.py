@@ -34,11 +34,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from composer_replication.datagen.env import InfraStats
+from composer_replication.datagen.env import InfraStats, completion_text
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
 from composer_replication.datagen.tasks import Task, bundled_tasks
 from composer_replication.datagen.tools import TOOL_SCHEMAS, parse_tool_calls, run_tool
 from composer_replication.datagen.verifier import OnProtected, Verdict, passed_fraction, verify
+from composer_replication.datagen.workspace import put_task_files
 from composer_replication.safety.stop import Stop, as_stop
 
 __all__ = ["TOOL_NAMES", "WEIGHTS", "make_shaped_reward", "passed_fraction", "score_completion"]
@@ -152,18 +153,13 @@ def make_shaped_reward(
         parts_rows: list[dict[str, float] | None] = []
         verdicts: list[Verdict | None] = []
         for completion, name in zip(completions, task, strict=True):
-            text = (
-                completion
-                if isinstance(completion, str)
-                else "".join(m.get("content") or "" for m in completion)
-            )
+            text = completion_text(completion)
             if name not in tasks:
                 raise ValueError(f"dataset row has task={name!r}; known tasks: {sorted(tasks)}")
             t = tasks[name]
             try:
                 with factory() as sb:
-                    for path, content in t.files.items():
-                        sb.put(path, content)
+                    put_task_files(sb, t)
                     parts, hint, verdict = _score(
                         sb, t, text, tool_timeout=tool_timeout, kill_switch=kill_switch,
                         sandbox_factory=factory, on_protected=on_protected,

@@ -48,6 +48,7 @@ from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_san
 from composer_replication.datagen.tasks import Task, bundled_tasks, check_name, path_inside
 from composer_replication.datagen.tools import TOOL_SCHEMAS, format_tool_call, parse_tool_calls
 from composer_replication.datagen.verifier import OnProtected, Verdict, verify
+from composer_replication.datagen.workspace import put_task_files
 from composer_replication.safety.kill_switch import EXIT_KILL_SWITCH, KillSwitch, KillSwitchTriggered
 
 Policy = Callable[[list[dict[str, Any]]], str]  # chat messages -> assistant text (tool calls inline)
@@ -224,8 +225,7 @@ def run_rollout(
     try:
         factory = sandbox_factory or make_sandbox
         with factory() as sb:
-            for path, content in task.files.items():
-                sb.put(path, content)
+            put_task_files(sb, task)
             toolset, budget.t0 = make_toolset(harness, sb), time.monotonic()
             while (end := budget.stop_reason()) is None:
                 if stop is not None and (reason := stop()) is not None:

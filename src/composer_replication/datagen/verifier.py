@@ -14,9 +14,13 @@ What is covered:
   and ``setup.cfg``, ``sitecustomize.py`` / ``usercustomize.py`` / ``*.pth``, modules shadowing the test
   runner, and every file a check names (the Makefile when a check runs ``make``). An edit, a deletion
   or a symlink in their place is recorded in ``protected_touched`` and never applied.
+- **Tests changed while the checks run**: code the agent wrote runs inside the checks and could
+  rewrite a test file pytest has not collected yet (and put it back at exit). Each protected task file's
+  inode and ctime (which no unprivileged process can set back) are compared around every check; a check
+  during which one changed fails, the path goes into ``protected_touched``, and the file is restored.
 - **No compiled or cached state from the agent**: ``__pycache__``, ``*.pyc``, ``.pytest_cache``,
   ``.mypy_cache`` are never carried (a ``.pyc`` planted for a test also counts as touched).
-- **No environment from the agent**: the checks run under ``env -i`` with a fixed ``PATH`` read from
+- **No environment from the agent** (`checks.run_checks`): the checks run under ``env -i`` with a fixed ``PATH`` read from
   the fresh sandbox (nothing under the workspace or ``/tmp``), ``HOME`` outside the agent's files,
   ``PYTHONNOUSERSITE=1``, ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``, plus the task's own ``env``; bash
   starts with ``--noprofile --norc``. Nothing the agent left in ``/tmp`` or its shell exists there.
@@ -35,26 +39,25 @@ What is not covered:
   is not pytest), it can still forge a pass. Plain-script checks (``python3 test_x.py``) trust their
   exit code; prefer pytest checks for tasks a policy trains on.
 - Weak tests: an object whose ``__eq__`` always returns True passes ``assert f(x) == y``; tests should
-  compare types or use ``is``.
+  compare types or use ``is``. A helper the tests import from outside the protected paths (a
+  ``helpers.py`` at the root) is the agent's to change: keep test helpers under ``tests/``.
+- Code running in a check swapping a whole test directory for another and back (the files' own inodes
+  and ctimes stay as they were).
 - Test settings of other ecosystems (``package.json`` scripts, ``Cargo.toml``) are protected only when
   a check names the file. File modes are not carried (every file is written 0644).
 """
 
 from __future__ import annotations
 
-import json
-import shlex
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
+from composer_replication.datagen.checks import CheckResult, passed_fraction, plugin_files, run_checks
 from composer_replication.datagen.protected import split_changes
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, SandboxType, make_sandbox
 from composer_replication.datagen.tasks import Task
-from composer_replication.datagen.workspace import Changes, read_changes
-from composer_replication.safety.kill_switch import KillSwitchTriggered
+from composer_replication.datagen.workspace import Changes, put_files, read_changes
 
 __all__ = [
     "CheckResult",
@@ -68,22 +71,6 @@ __all__ = [
 
 OnProtected = Literal["zero", "restore"]
 SandboxSpec = SandboxType | Callable[[], Sandbox] | None
-_TAIL = 4000
-_PLUGIN = Path(__file__).with_name("verify_plugin.py")
-
-
-@dataclass
-class CheckResult:
-    """One check command: ``passed`` (every test it ran passed, exit 0), ``fraction`` of its tests
-    passing, the last 4000 characters of its output, and per-test outcomes for pytest checks."""
-
-    command: str
-    passed: bool
-    fraction: float
-    output_tail: str
-    timed_out: bool = False
-    returncode: int = 0
-    tests: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -131,20 +118,6 @@ class Verdict:
         return {**asdict(self), **{k: getattr(self, k) for k in keys}}
 
 
-def passed_fraction(output: str, ok: bool) -> float:
-    """Passed / (passed + failed + errors) from the last pytest-style summary line; else 1.0 / 0.0 by
-    the exit status. ``N passed, M failed`` from another test script is read the same way."""
-    import re
-
-    for line in reversed(output.strip().splitlines()):
-        counts = {k.rstrip("s"): int(n) for n, k in re.findall(r"(\d+) (passed|failed|errors?)\b", line)}
-        if counts:
-            passed = counts.get("passed", 0)
-            total = passed + counts.get("failed", 0) + counts.get("error", 0)
-            return passed / total if total else float(ok)
-    return 1.0 if ok else 0.0
-
-
 def solution_changes(task: Task) -> Changes:
     """The task's bundled solution as `verify_changes` input (what the oracle policy writes)."""
     return {path: text.encode() for path, text in task.solution.items()}
@@ -156,104 +129,25 @@ def _factory(sandbox: SandboxSpec) -> Callable[[], Sandbox]:
     return sandbox
 
 
-def _runs_pytest(command: str) -> bool:
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    return any(Path(w).name in ("pytest", "py.test") for w in words)
-
-
-def _judge(command: str, r: Any, report: bytes | None) -> CheckResult:
-    """A check's result from its exit and, when pytest ran, the plugin's report."""
-    base = {"command": command, "output_tail": r.output[-_TAIL:], "timed_out": r.timed_out}
-    base["returncode"] = r.returncode
-    records = []
-    for line in (report or b"").decode("utf-8", "replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            records.append(rec)
-    starts = [x for x in records if x.get("event") == "start"]
-    if not starts:  # no pytest session reported: a pytest check failed to run (or was cut short)
-        if _runs_pytest(command):
-            return CheckResult(passed=False, fraction=0.0, **base)
-        return CheckResult(passed=r.ok, fraction=passed_fraction(r.output, r.ok), **base)
-    ids: list[str] = []
-    errors: set[str] = set()
-    tests: dict[str, str] = {}
-    for rec in records:
-        if rec.get("event") in ("items", "finish"):
-            ids += [i for i in rec.get("ids", []) if isinstance(i, str)]
-            errors.update(e for e in rec.get("errors", []) if isinstance(e, str))
-        elif rec.get("event") == "test" and isinstance(rec.get("id"), str):
-            if tests.get(rec["id"], "passed") == "passed":  # a test run twice keeps its worst outcome
-                tests[rec["id"]] = str(rec.get("outcome"))
-    for i in ids:
-        tests.setdefault(i, "not run")
-    tests.update({f"<collection error: {e}>": "error" for e in errors})
-    finished = sum(x.get("event") == "finish" for x in records) == len(starts)
-    n_passed = sum(o == "passed" for o in tests.values())
-    passed = r.ok and finished and bool(tests) and n_passed == len(tests)
-    return CheckResult(passed=passed, fraction=n_passed / len(tests) if tests else 0.0, tests=tests, **base)
-
-
-def _clean_path(sb: Sandbox) -> str:
-    """The fresh sandbox's own PATH, without anything the agent could write or a relative entry."""
-    r = sb.exec('echo "$PATH"', timeout=30)
-    keep = []
-    for d in r.output.strip().split(":"):
-        p = Path(d)
-        writable = any(p == Path(w) or Path(w) in p.parents for w in (sb.workdir, "/tmp", "/var/tmp"))
-        if p.is_absolute() and ".." not in p.parts and not writable and d not in keep:
-            keep.append(d)
-    return ":".join(keep) or "/usr/local/bin:/usr/bin:/bin"
-
-
-def _check_command(check: str, env: Mapping[str, str]) -> str:
-    assigns = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-    return f"exec env -i {assigns} bash --noprofile --norc -c {shlex.quote(check)}"
-
-
-def _run_checks(task: Task, sb: Sandbox, stop: Callable[[], str | None] | None) -> list[CheckResult]:
-    nonce = uuid.uuid4().hex[:16]
-    home, plugin = f".cr-verify-{nonce}", f"cr_verify_{nonce}"
-    sb.put(f"{home}/{plugin}.py", _PLUGIN.read_bytes())
-    wd = sb.workdir.rstrip("/")
-    env = {"PATH": _clean_path(sb), "HOME": f"{wd}/{home}", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
-    env |= {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    env |= task.env
-    env["PYTHONPATH"] = ":".join(filter(None, [f"{wd}/{home}", task.env.get("PYTHONPATH")]))
-    env["PYTEST_ADDOPTS"] = " ".join(filter(None, [f"-p {plugin}", task.env.get("PYTEST_ADDOPTS")]))
-    results = []
-    for i, check in enumerate(task.checks):
-        if stop is not None and (reason := stop()) is not None:
-            raise KillSwitchTriggered(reason)
-        report = f"{home}/report-{i}.jsonl"
-        r = sb.exec(_check_command(check, env | {"CR_VERIFY_REPORT": f"{wd}/{report}"}), task.timeout_s)
-        try:
-            data: bytes | None = sb.get(report)
-        except (OSError, ValueError):
-            data = None
-        results.append(_judge(check, r, data))
-    return results
-
-
-def _apply(task: Task, sb: Sandbox, kept: Changes) -> list[str]:
-    """Put the task's files with ``kept`` laid over them into the empty ``sb``; returns the kept paths
-    that collide with a task file (a file where the task keeps a directory, or the reverse)."""
-    final: dict[str, bytes | str] = {p: c for p, c in task.files.items() if p not in kept}
+def _apply(task: Task, sb: Sandbox, kept: Changes, first: dict[str, bytes]) -> list[str]:
+    """Put ``first`` (the plugin: nothing can crowd it out), then the task's files with ``kept`` laid
+    over them, into the empty ``sb``; returns the kept paths not applied: those that collide with a task
+    file (a file where the task keeps a directory, or the reverse) or could not be written (no space
+    left). A task or plugin file that cannot be written is an infrastructure failure (`SandboxError`)."""
+    final: dict[str, bytes | str] = dict(first)
+    final |= {p: c for p, c in task.files.items() if p not in kept}
     added = {p: d for p, d in kept.items() if d is not None}
     clash = [
         p for p in added
         if any(q.startswith(p + "/") or p.startswith(q + "/") for q in final)
     ]  # fmt: skip
     final |= {p: d for p, d in added.items() if p not in clash}
-    for path, content in final.items():
-        sb.put(path, content)
-    return clash
+    failed = put_files(sb, final)
+    if lost := [p for p in failed if p not in added]:
+        raise SandboxError(
+            f"task {task.name!r}: {len(lost)} of its files did not fit the sandbox: {lost[:3]}"
+        )
+    return clash + failed
 
 
 def verify_changes(
@@ -277,8 +171,10 @@ def verify_changes(
     verdict = Verdict(task.name, [], split.touched, split.dropped, None, on_protected)
     try:
         with _factory(sandbox)() as sb:
-            verdict.dropped += _apply(task, sb, split.kept)
-            verdict.checks = _run_checks(task, sb, stop)
+            plugin_file, home, plugin = plugin_files(sb)
+            verdict.dropped += _apply(task, sb, split.kept, plugin_file)
+            verdict.checks, tampered = run_checks(task, sb, stop, home, plugin)
+            verdict.protected_touched += tampered
     except SandboxError as e:
         verdict.infra_error = f"{type(e).__name__}: {e}"
     return verdict

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-_PATH = os.environ.get("CR_VERIFY_REPORT", "")
+_PATH = os.environ.get("CR_VERIFY_REPORT", "")  # left in the environment for pytest processes it starts
 _phases: dict[str, dict[str, str]] = {}
 _errors: list[str] = []
 
