@@ -157,7 +157,10 @@ class OfflineStepper:
         from composer_replication.loss import sdpo_channel
 
         assert self.on_policy is not None
-        batch, metrics = self.on_policy.batch(self.model, self.step_count, micro)
+        # keyed by the global micro-batch index: rank r's i-th is one process's (i * world + r)-th
+        # (``RankStream``), so N processes draw the samples of one process at grad_accum N * g
+        world = self.engine.world_size
+        batch, metrics = self.on_policy.batch(self.model, self.step_count, micro * world + self.engine.rank)
         if batch is None:
             return None, metrics
         b = {k: v.to(self.device) for k, v in batch.items()}
