@@ -44,7 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-usd", type=non_negative_float, required=True, help="hard cap on recorded spend, in USD"
     )
     p.add_argument("--dry-run", action="store_true", help="price the run and exit without sending")
-    p.add_argument("--concurrency", type=positive_int, default=16)
+    p.add_argument(
+        "--concurrency", type=positive_int, default=16, help="requests in flight at once (default 16)"
+    )
     p.add_argument(
         "--max-tokens",
         type=positive_int,
@@ -58,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds per attempt: one deadline for connecting, sending and reading the whole answer",
     )
     p.add_argument("--stop-file", type=Path, help="stop cleanly (exit 3) once this file exists")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _parse_teacher(arg: str) -> dict[str, Any]:

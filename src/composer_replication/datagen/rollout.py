@@ -298,9 +298,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory (sessions/ and rollouts.jsonl)")
     p.add_argument("--tasks", nargs="*", help="bundled task names (default: all)")
     p.add_argument("--policy", default="oracle", help="'oracle' or a path to a HF model directory")
-    p.add_argument("--sandbox", choices=["bwrap", "docker", "podman"], default=None)
+    p.add_argument(
+        "--sandbox",
+        choices=["bwrap", "docker", "podman"],
+        default=None,
+        help="sandbox backend (default: docker when its daemon answers and the image is built, else bwrap)",
+    )
     p.add_argument("--stop-file", default=None, help="stop (exit 3) when this file exists")
-    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument(
+        "--max-turns", type=int, default=8, help="agent turns per rollout before it stops (default 8)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

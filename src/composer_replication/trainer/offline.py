@@ -91,6 +91,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
     cfg = config if isinstance(config, TrainConfig) else build_config(config)
     halt = any_stop(stop, kill_switch)  # one Stop (a KillSwitch, a plain callable, or both)
     engine = distributed.setup(cfg, device)  # one process, or one rank of torchrun / --nproc N
+    traces, pairs = od.load_data(cfg)  # a bad or empty file fails here, before out_dir is created
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out / "checkpoints"
@@ -109,8 +110,6 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
     model = engine.prepare(model)
     model.train()
 
-    traces = od.load_rows(cfg.data.traces)
-    pairs = od.load_rows(cfg.data.pairs)
     # held out by episode (example_id): the bundled sessions are few but have many episodes each
     train_traces, eval_traces = od.split(
         traces, lambda r: str(r.get("example_id") or r.get("trace_id")), cfg.data.eval_fraction
