@@ -138,6 +138,11 @@ def headline(sites: dict[str, Any] | None) -> tuple[list[str], list[str]]:
 RECOVERY_SOURCE = "recorded recoveries (pairs.recovery)"  # the label of the teacher-free pairs
 
 
+def count(n: Any, noun: str) -> str:
+    """``"1 site"``, ``"30 sites"``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def eval_rates(ev: dict[str, Any]) -> list[tuple[str, float, float, str]]:
     """The rates of the one evaluation, each with its n: ``(label, before, after, n)`` for the held-out
     sites' rates (``sites``) and the sandbox pass rate over its tasks."""
@@ -145,11 +150,11 @@ def eval_rates(ev: dict[str, Any]) -> list[tuple[str, float, float, str]]:
     metrics = (ev.get("sites") or {}).get("metrics") or {}
     for m in HEADLINE:
         if m.endswith("_rate") and m in metrics:
-            out.append((m, metrics[m]["before"], metrics[m]["after"], f"{metrics[m]['n']} sites"))
+            out.append((m, metrics[m]["before"], metrics[m]["after"], count(metrics[m]["n"], "site")))
     b, a = ev.get("before") or {}, ev.get("after") or {}
     if b.get("sandbox_pass_rate") is not None and a.get("sandbox_pass_rate") is not None:
         n = a.get("sandbox_scored", a.get("sandbox_tasks"))
-        out.append(("sandbox_pass_rate", b["sandbox_pass_rate"], a["sandbox_pass_rate"], f"{n} tasks"))
+        out.append(("sandbox_pass_rate", b["sandbox_pass_rate"], a["sandbox_pass_rate"], count(n, "task")))
     return out
 
 

@@ -17,6 +17,7 @@ from composer_replication.pipeline.learning import (
     RECOVERY_SOURCE,
     channel_contributions,
     channel_readings,
+    count,
     eval_rates,
     grpo_reading,
     headline,
@@ -98,7 +99,7 @@ def evaluation_section(ev: dict[str, Any]) -> list[str]:
             s = metrics[k]
             lo, hi = s["delta_ci95"]
             rows.append([k, f"{s['before']:.4g}", f"{s['after']:.4g}", f"{s['delta']:+.3g}",
-                         f"[{lo:+.3g}, {hi:+.3g}]", f"{s['n']} sites", verdict(s, low)])  # fmt: skip
+                         f"[{lo:+.3g}, {hi:+.3g}]", count(s["n"], "site"), verdict(s, low)])  # fmt: skip
     for label, b, a, n in eval_rates(ev):
         if label == "sandbox_pass_rate":
             rows.append([label, f"{b:.3g}", f"{a:.3g}", f"{a - b:+.3g}", "", n,
