@@ -255,13 +255,30 @@ def _shared_layers(model: Any, a: argparse.Namespace, *, weights_fixed: bool = F
     return _TRAIN_PREFIX[n].bind(model, weights_fixed=weights_fixed)
 
 
-def measure(model, tok, sites, a) -> dict[str, Any]:
+def progress_bar(label: str, phase: str, total: int | None, unit: str) -> Any:
+    """A tqdm bar on stderr for one phase of one variant (stdout keeps the results)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total, desc=f"{label}: {phase}", unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True
+    )
+
+
+def measure(model, tok, sites, a, label: str = "") -> dict[str, Any]:
     greedy = bool({"valid_rate", "tool_match_rate"} & set(a.metrics))
-    out = sites.measure(model, greedy=greedy, shared_layers=_n_shared(model, a))
+    with progress_bar(label, f"measure {len(sites)} sites", sites.stages(greedy), "stage") as bar:
+
+        def done(stage: str) -> None:
+            bar.set_postfix_str(stage, refresh=False)
+            bar.update(1)
+
+        out = sites.measure(model, greedy=greedy, shared_layers=_n_shared(model, a), progress=done)
     if {"sandbox_reward", "sandbox_pass_rate"} & set(a.metrics):
         tasks = [t for t in a.sandbox_tasks.split(",") if t]
-        with _shared_layers(model, a, weights_fixed=True):  # the task prompts' prefill
-            out.update(sandbox_metrics(model, tok, tasks, a.sandbox_new_tokens))
+        with progress_bar(label, f"sandbox {len(tasks) or 'all'} tasks", None, "task") as bar:
+            with _shared_layers(model, a, weights_fixed=True):  # the task prompts' prefill
+                out.update(sandbox_metrics(model, tok, tasks, a.sandbox_new_tokens))
+            bar.update(len(tasks))
     return out
 
 
@@ -283,7 +300,7 @@ def grpo_phase(model: Any, tok: Any, a: argparse.Namespace, seed: int, work: Pat
     cfg = build_config({
         "mode": "grpo", "seed": seed, "model": {"path": str(start)}, "data": {"traces": str(work / "traces.jsonl")},
         "optimizer": {"lr": a.grpo_lr}, "schedule": {"max_steps": a.grpo_steps, "batch_size": 2},
-        "checkpoint": {"every_steps": 0}, "logging": {"progress": False, "plot": False},
+        "checkpoint": {"every_steps": 0}, "logging": {"progress": True, "plot": False},  # TRL's bar, on stderr
         "grpo": {"num_generations": a.grpo_generations, "max_completion_length": 48,
                  "temperature": a.grpo_temperature},
     })  # fmt: skip
@@ -351,8 +368,10 @@ def one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work) ->
 
     variant = VARIANTS[name]
     t0 = time.time()
+    label = f"{name} seed {seed}"
     if variant is None:
-        return {"metrics": _clean(measure(base, tok, sites, a)), "seconds": time.time() - t0, "channels": {}}
+        metrics = _clean(measure(base, tok, sites, a, label))
+        return {"metrics": metrics, "seconds": time.time() - t0, "channels": {}}
     key = json.dumps([{k: v for k, v in variant.items() if k != "grpo"}, seed], sort_keys=True)
     if key in _TRAINED:  # the GRPO variant continues the full recipe's adapter of the same seed
         model, info = _TRAINED[key]
@@ -364,8 +383,14 @@ def one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work) ->
         stepper = OfflineStepper(
             cfg, model, tok, torch.device("cpu"), train_traces=train_traces, train_pairs=train_pairs
         )
-        with _shared_layers(model, a):  # the base model's first layers: their work done once per input
-            log = [stepper.step() for _ in range(cfg.schedule.max_steps)]
+        steps = cfg.schedule.max_steps
+        # the base model's first layers: their work done once per input
+        with _shared_layers(model, a), progress_bar(label, "train", steps, "step") as bar:
+            log = []
+            for _ in range(steps):
+                log.append(stepper.step())
+                bar.set_postfix(loss=f"{log[-1]['loss/total']:.4f}", refresh=False)
+                bar.update(1)
         info = {
             "channels": {
                 k: statistics.fmean(r.get(k, 0.0) for r in log) for k in log[0] if k.startswith("loss/")
@@ -390,7 +415,7 @@ def one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work) ->
                 **extra,
             }
     t1 = time.time()
-    metrics = _clean(measure(model, tok, sites, a))
+    metrics = _clean(measure(model, tok, sites, a, label))
     if not variant.get("grpo"):
         _MEASURED.clear()
         _MEASURED[key] = metrics

@@ -177,3 +177,26 @@ def test_non_finite_numbers_in_a_config_are_refused_by_field(tmp_path, capsys, v
     with pytest.raises(ConfigError) as e:
         load_config(train)
     assert "loss.preference.rpo_alpha" in str(e.value) and "train.yaml" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"garbage\x00\xff not json\n", ":1: not valid JSON"),
+        (b'{"a": 1}\n', "trace 1 has no `turns` list"),
+        (b"", "no rows to train on"),
+        (b"[1, 2]\n", ":1: expected a JSON object"),
+    ],
+)
+@pytest.mark.parametrize("mode", ["offline", "grpo"])
+def test_train_with_bad_traces_leaves_no_out_directory(tmp_path, capsys, content, words, mode):
+    """`--traces` is checked before `--out` is created: a bad file leaves nothing behind."""
+    bad = tmp_path / "traces.jsonl"
+    bad.write_bytes(content)
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"path": "tiny"}, "data": {"traces": str(bad)},
+                                   "schedule": {"max_steps": 1}, "logging": {"plot": False}}))  # fmt: skip
+    out = tmp_path / "out"
+    err = _error(capsys, ["train", str(cfg), "--traces", str(bad), "--out", str(out), "--mode", mode])
+    assert len(err.splitlines()) == 1 and words in err and str(bad) in err
+    assert not out.exists()

@@ -24,7 +24,9 @@ def test_fast_demo_runs_every_stage_offline(tmp_path):
     assert all(r.status == "done" for r in m.stages.values()), {
         n: (r.status, r.error) for n, r in m.stages.items()
     }
-    assert m.stages["split"].summary["heldout_error_sites"] == 28  # the 6 sessions of learning_sessions/eval
+    # the 6 sessions of learning_sessions/eval: the 30 sites the README names, and the ones evaluate compares
+    assert m.stages["split"].summary["heldout_error_sites"] == 30
+    assert m.stages["evaluate"].summary["heldout_error_sites"] == 30
     assert m.stages["replay"].summary["calls"] == 12 and m.stages["replay"].summary["spent_usd"] == 0.0
     # the preference channel has pairs in both phases: the training sessions' recoveries (pairs.recovery)
     n_pairs = m.stages["pairs"].summary["recovery_pairs"]
@@ -42,6 +44,12 @@ def test_fast_demo_runs_every_stage_offline(tmp_path):
     ev = json.loads((out / "eval" / "eval.json").read_text())
     # the fast demo names no grpo.tasks: every bundled task is rolled out
     assert ev["after"]["sandbox_tasks"] == len(bundled_tasks()) and ev["before"]["n_sites"] == 3
+    # the report: one evaluation (n=30 sites, the tasks), the recovery pairs counted, no $0 spend line
+    page = (out / "report" / "report.html").read_text()
+    assert "<td>valid_rate</td>" in page and "<td>30 sites</td>" in page
+    assert f"<td>{len(bundled_tasks())} tasks</td>" in page
+    assert f"{n_pairs} recorded recoveries from the training sessions" in page
+    assert "No paid teachers in this run" in page and not (out / "report" / "spend.png").exists()
     if chromium_available():
         loaded, total = images_loaded(out / "report" / "report.html")
         assert loaded == total >= 5

@@ -47,6 +47,10 @@ def test_every_variant_trains_and_is_measured(folders, tmp_path):
             "--max-new-tokens", "24"]  # fmt: skip
     r = bench(*args)
     assert r.returncode == 0, r.stderr[-3000:]
+    # a progress bar per variant and phase, on stderr (stdout keeps the results)
+    for bar in ("base seed 0: measure 3 sites", "sft seed 0: train", "sft seed 1: measure 3 sites",
+                "sft seed 0: sandbox 1 tasks"):  # fmt: skip
+        assert bar in r.stderr and bar not in r.stdout, bar
     result = json.loads(out.read_text())
     assert set(result) == {"variants", "config"}
     variants = result["variants"]

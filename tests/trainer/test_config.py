@@ -90,6 +90,41 @@ def test_bad_configs_name_the_field(data_files, text, field, words):
     assert f"  {field}:" in msg and words in msg and "cfg.yaml" in msg
 
 
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("optimizer: {lrr: 1}", "optimizer.lrr: unknown key 'lrr' in optimizer; did you mean 'lr'?"),
+        ("optimizer: {learning_rate: 1}", "unknown key 'learning_rate' in optimizer; did you mean 'lr'?"),
+        ("schedul: {}", "schedul: unknown key 'schedul' at the top level; did you mean 'schedule'?"),
+        # the variant chosen by `type` is where the nearest key is looked for
+        ("loss: {sdpo: {type: taid, t_strat: 0.4}}", "loss.sdpo.t_strat: unknown key 't_strat' in loss.sdpo; "
+         "did you mean 't_start'?"),
+        ("loss: {preference: {type: simpo, gama: 1}}", "did you mean 'gamma'?"),
+        ("lora: {zzz: 1}", "unknown key 'zzz' in lora (check the spelling; see docs/training.md"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_key_gets_the_nearest_one(data_files, text, line):
+    with pytest.raises(ConfigError) as exc:
+        load_config(write_yaml(data_files, "data: {pairs: pairs.jsonl}\n" + text + "\n"))
+    assert line in str(exc.value)
+
+
+def test_a_misspelt_run_config_key_gets_the_nearest_one(tmp_path):
+    from composer_replication.config import load_run_config
+
+    p = tmp_path / "run.yaml"
+    p.write_text("sorces: {}\nreplay: {teachers: [{slug: a, base_ulr: x}]}\ntrain: {optimizer: {lrr: 1}}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_run_config(p)
+    text = str(exc.value)
+    assert "sorces: unknown key 'sorces' at the top level; did you mean 'sources'?" in text
+    assert (
+        "replay.teachers.0.base_ulr: unknown key 'base_ulr' in replay.teachers.0; did you mean 'base_url'?"
+        in text
+    )
+    assert "train.optimizer.lrr: unknown key 'lrr' in train.optimizer; did you mean 'lr'?" in text
+
+
 def test_variants_are_chosen_by_type_and_old_keys_still_load(data_files):
     def loss(text):
         return load_config(write_yaml(data_files, "data: {pairs: pairs.jsonl}\nloss: " + text + "\n")).loss

@@ -247,3 +247,45 @@ def test_fsdp2_with_on_policy_sdpo_is_refused_before_the_rendezvous(small_data, 
         monkeypatch.setenv(key, value)
     with pytest.raises(LaunchError, match="on_policy .* use distributed.strategy ddp"):
         distributed.setup(cfg)
+
+
+@pytest.fixture(scope="module")
+def smollm2_shaped(tmp_path_factory) -> Path:
+    """A tiny model of SmolLM2's architecture (Llama, tied embeddings) with the offline tokenizer."""
+    from composer_replication.models import build_tiny_model, build_tiny_tokenizer, save_tiny_pair
+
+    tok = build_tiny_tokenizer(2048)
+    model = build_tiny_model(tokenizer=tok, arch="llama", num_hidden_layers=3, seed=3)
+    return save_tiny_pair(tmp_path_factory.mktemp("smollm2-shaped"), model, tok)
+
+
+def test_two_processes_match_one_with_on_policy_sdpo(small_data, smollm2_shaped, tmp_path):
+    """The demo's recipe (on-policy SDPO, the default; a LoRA on the last layers; DPO with RPO) on 2
+    processes follows one process at ``grad_accum 2``: each rank keys its samples by the global
+    micro-batch index, so both runs draw the same samples and train the same adapter."""
+    from safetensors.torch import load_file
+
+    sections = dict(
+        model={"path": str(smollm2_shaped)},
+        loss={"sdpo": {"weight": 1.0, "source": "on_policy", "on_policy": {"max_new_tokens": 8}},
+              "preference": {"weight": 0.03}},
+        lora={"enabled": True, "r": 4, "alpha": 8, "target_modules": r".*\.layers\.(1|2)\.(self_attn|mlp)\.\w+_proj"},
+    )  # fmt: skip
+    schedule = {"max_steps": 4, "batch_size": 1, "type": "cosine", "warmup_steps": 1}
+    one = _config(small_data, tmp_path, "one", schedule={**schedule, "grad_accum": 2}, **sections)
+    two = _config(small_data, tmp_path, "two", schedule={**schedule, "grad_accum": 1}, **sections)
+    p1 = _train(one, tmp_path / "one")
+    assert p1.returncode == 0, p1.stderr[-3000:]
+    p2 = _train(two, tmp_path / "two", "--nproc", "2")
+    assert p2.returncode == 0, p2.stderr[-3000:]
+    got, want = rows(tmp_path / "two" / "metrics.jsonl"), rows(tmp_path / "one" / "metrics.jsonl")
+    assert [r["step"] for r in got] == [r["step"] for r in want] == [1, 2, 3, 4]
+    for a, b in zip(got, want):
+        assert a["sdpo/sample_tokens"] == b["sdpo/sample_tokens"] > 0  # the same samples were drawn
+        for key in ("loss/total", "loss/lm_ce", "loss/sdpo_jsd", "loss/trace_replay_dpo"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    w1 = load_file(tmp_path / "one" / "final" / "adapter_model.safetensors")
+    w2 = load_file(tmp_path / "two" / "final" / "adapter_model.safetensors")
+    assert w1.keys() == w2.keys() and w1
+    worst = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+    assert worst < 1e-5, f"adapters differ by up to {worst}"

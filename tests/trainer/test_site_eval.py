@@ -145,3 +145,18 @@ def test_recovery_pairs_at_the_recovery_state_end_with_the_error_result(traces):
         assert p["tools"] and all(t["type"] == "function" for t in p["tools"])
     with pytest.raises(ValueError, match="at='later'"):
         recovery_pairs(traces, at="later")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_progress_reports_every_stage_once(traces, tiny_model, tiny_tokenizer, greedy):
+    """``measure(progress=...)`` is called once per stage as it ends, ``stages()`` times in all (a
+    progress bar's total), and leaves the numbers as they are."""
+    sites = error_sites(traces)[:5]
+    ss = SiteSet(tiny_tokenizer, sites, pairs=recovery_pairs(traces)[:3], max_len=160, max_new_tokens=3,
+                 batch_size=2)  # fmt: skip
+    seen: list[str] = []
+    with_bar = ss.measure(tiny_model, greedy=greedy, progress=seen.append)
+    assert len(seen) == ss.stages(greedy) == len(set(seen))
+    assert seen[0] == "site0/prompt" and seen[-1] == "pair1/rejected"
+    assert ("site2/greedy" in seen) == greedy and any(s.endswith("/hinted") for s in seen)
+    assert ss.measure(tiny_model, greedy=greedy)["recovery_ce"] == with_bar["recovery_ce"]

@@ -3,7 +3,8 @@
 Ingests a few real Claude Code and Codex sessions shipped with the package, replays their error sites
 to in-process teachers, mines preference pairs, trains SmolLM2-135M-Instruct (offline phase, then a
 short GRPO phase on bundled sandbox tasks), evaluates before and after, and writes a report.
-Takes 10-15 minutes on 2 CPU cores (measured in docs/quickstart.md); rerunning resumes and skips what is done.
+Takes about 9-10 minutes on 2 quiet CPU cores, much longer when other work shares them (measured in
+docs/quickstart.md); `--fast` about half a minute. Rerunning resumes and skips what is done.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fast",
         action="store_true",
-        help="tiny random models instead of SmolLM2 (a minute; for tests and a first look)",
+        help="tiny random models instead of SmolLM2 (about half a minute on 2 cores; a first look)",
     )
     add_force_argument(p)
 

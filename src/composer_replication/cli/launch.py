@@ -24,7 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from composer_replication.diloco.serverless.factory import BACKENDS
 
     parser.add_argument("config", help="replica config file (YAML, TOML or JSON)")
-    parser.add_argument("--backend", choices=list(BACKENDS), default="local")
+    parser.add_argument(
+        "--backend",
+        choices=list(BACKENDS),
+        default="local",
+        help="where the replicas run: local processes or a serverless backend (default local)",
+    )
     parser.add_argument("--replicas", type=int, default=2, help="number of DiLoCo replicas (default 2)")
     parser.add_argument(
         "--gpu",

@@ -50,7 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="price the run and exit without sending")
     p.add_argument(
-        "--concurrency", type=positive_int, default=REPLAY_CONCURRENCY, help="requests in flight at once"
+        "--concurrency",
+        type=positive_int,
+        default=REPLAY_CONCURRENCY,
+        help=f"requests in flight at once (default {REPLAY_CONCURRENCY})",
     )
     p.add_argument(
         "--max-tokens",
@@ -65,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds per attempt: one deadline for connecting, sending and reading the whole answer",
     )
     p.add_argument("--stop-file", type=Path, help="stop cleanly (exit 3) once this file exists")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _parse_teacher(arg: str) -> dict[str, Any]:

@@ -78,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
 
     if Path(args.config).is_dir():
         raise IsADirectoryError(f"{args.config}: is a directory; pass the run config file (YAML or JSON)")
+    from composer_replication.cli.validate import check_kind
+
+    check_kind(args.config, "run")  # a train config given to run: one line naming `train`
     cfg = load_run_config(args.config, _overrides(args))
     run_dir = args.out or cfg.run_dir
     if not run_dir:

@@ -37,10 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=PREFERENCE_WEIGHT,
         help=f"preference weight (default {PREFERENCE_WEIGHT})",
     )
-    parser.add_argument("--dpo-variant", choices=["dpo", "simpo"], default="dpo")
+    parser.add_argument(
+        "--dpo-variant", choices=["dpo", "simpo"], default="dpo", help="preference loss (default dpo)"
+    )
     parser.add_argument("--sdpo-wrapper", choices=["none", "taid", "entropy_opd"], default="none",
                         help="'taid' drives t with TAIDScheduler")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seeds the model's initialisation and the batch (default 0)"
+    )
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"

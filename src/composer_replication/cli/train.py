@@ -60,9 +60,11 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from composer_replication.cli.validate import check_kind
     from composer_replication.config import load_config
     from composer_replication.trainer import dist_launch
 
+    check_kind(args.config, "train")  # a run config given to train: one line naming `run`
     cfg = load_config(args.config, overrides_from_args(args))  # fails here, before any model loads
     out = Path(args.out)
     launched = dist_launch.launch_env()  # a broken torchrun / accelerate environment fails here too

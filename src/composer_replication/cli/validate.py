@@ -28,6 +28,29 @@ def config_kind(path: str | Path) -> str:
     return "run" if run_only & set(read_config_file(p)) else "train"
 
 
+def check_kind(path: str | Path, command: str) -> None:
+    """``ValueError`` with one line when ``path`` holds the other kind of config than ``command`` (``train``
+    or ``run``) takes, naming the command to use. A file that is not there is left to the loader."""
+    from composer_replication.config import TrainConfig, read_config_file
+    from composer_replication.config.run import RunConfig
+
+    if not Path(path).is_file():
+        return
+    keys = set(read_config_file(Path(path)))
+    run_only = sorted(keys & (set(RunConfig.model_fields) - set(TrainConfig.model_fields)))
+    train_only = sorted(keys & (set(TrainConfig.model_fields) - set(RunConfig.model_fields)))
+    if command == "train" and run_only:
+        raise ValueError(
+            f"{path} is a run config (it has {', '.join(run_only)}), not a train config: run it with "
+            f"`composer-replication run {path}`; `train` takes a train config such as examples/train_cpu.yaml"
+        )
+    if command == "run" and train_only and not run_only:
+        raise ValueError(
+            f"{path} is a train config (it has {', '.join(train_only)}), not a run config: train with "
+            f"`composer-replication train {path}`; `run` takes a run config such as examples/cpu.yaml"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     if config_kind(args.config) == "run":
         from composer_replication.config.run import load_run_config

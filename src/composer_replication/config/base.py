@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from difflib import get_close_matches
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -127,11 +128,57 @@ def _dotted(loc: tuple[int | str, ...], data: Any) -> str:
     return ".".join(parts)
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The model classes a field's annotation can hold (through unions, ``Annotated``, lists and dicts)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> set[str]:
+    """The field names a mapping at ``loc`` of ``model`` may hold (empty when unknown). A part of ``loc``
+    that names no field is a union's tag (pydantic puts it in the location): it picks the variant whose
+    ``type`` accepts it."""
+    models = [model]
+    for part in loc:
+        if isinstance(part, int):
+            continue  # a list index: the element's model is already in ``models``
+        fields = [m.model_fields[part] for m in models if part in m.model_fields]
+        if fields:
+            models = [x for f in fields for x in _models_in(f.annotation)]
+        else:
+            models = [
+                m for m in models if part in get_args(getattr(m.model_fields.get("type"), "annotation", None))
+            ]
+    return {k for m in models for k in m.model_fields}
+
+
+def _unknown_key(loc: tuple[int | str, ...], where: str, model: type[BaseModel] | None, docs: str) -> str:
+    """``unknown key 'X' in SECTION; did you mean 'Y'?`` (the nearest key of that section), else where
+    the fields are listed."""
+    key, section = str(loc[-1]) if loc else "", where.rpartition(".")[0]
+    keys = sorted(_keys_at(model, loc[:-1])) if model else []
+    near = get_close_matches(key, keys, n=1, cutoff=0.6)
+    initials = "".join(w[:1] for w in key.split("_"))  # learning_rate -> lr
+    if not near and "_" in key and initials in keys:
+        near = [initials]
+    where_ = f"in {section}" if section else "at the top level"
+    if near:
+        return f"unknown key {key!r} {where_}; did you mean {near[0]!r}? (fields: {docs})"
+    return f"unknown key {key!r} {where_} (check the spelling; see {docs} for the fields)"
+
+
 def format_validation_error(
-    exc: ValidationError, source: str, *, docs: str = "docs/training.md", data: Any = None
+    exc: ValidationError,
+    source: str,
+    *,
+    docs: str = "docs/training.md",
+    data: Any = None,
+    model: type[BaseModel] | None = None,
 ) -> str:
     """One line per bad field, each naming its dotted location; ``docs`` is where the fields are listed;
-    ``data``, the validated input, lets a union's tag be left out of the location."""
+    ``data``, the validated input, lets a union's tag be left out of the location; ``model``, the model
+    validated against, names the nearest key for a misspelt one."""
     lines = [f"{source}: invalid config ({exc.error_count()} error(s)):"]
     for err in exc.errors():
         if isinstance(data, dict):
@@ -140,7 +187,7 @@ def format_validation_error(
             loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = f"unknown key (check the spelling; see {docs} for the fields)"
+            msg = _unknown_key(err["loc"], loc, model, docs)
         lines.append(f"  {loc}: {msg}")
     return "\n".join(lines)
 
@@ -152,7 +199,7 @@ def validate(model: type[M], data: Mapping[str, Any], *, source: str, docs: str)
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source, docs=docs, data=data)) from None
+        raise ConfigError(format_validation_error(exc, source, docs=docs, data=data, model=model)) from None
 
 
 def load_file(

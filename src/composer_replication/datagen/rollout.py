@@ -326,9 +326,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--endpoint-model", default="default", help="with an endpoint URL: the model name to ask for"
     )
-    p.add_argument("--sandbox", choices=["bwrap", "docker", "podman"], default=None)
+    p.add_argument(
+        "--sandbox",
+        choices=["bwrap", "docker", "podman"],
+        default=None,
+        help="sandbox backend (default: docker when its daemon answers and the image is built, else bwrap)",
+    )
     p.add_argument("--stop-file", default=None, help="stop (exit 3) when this file exists")
-    p.add_argument("--max-turns", type=int, default=8)
+    p.add_argument(
+        "--max-turns", type=int, default=8, help="agent turns per rollout before it stops (default 8)"
+    )
     p.add_argument("--harness", choices=["claude_code", "codex"], default=None, help="tools and log format")
     p.add_argument(
         "--max-tokens", type=int, default=None, help="end a rollout after this many generated tokens"

@@ -96,11 +96,16 @@ def _split(ctx: RunContext) -> dict[str, Any]:
     write_refs(ctx.path("split", "heldout_states.jsonl"), s_head, sites, src=states_path)
     train_ex = [t for t in traces if t["trace_id"] not in held]
     write_refs(ctx.path("split", "train_traces.jsonl"), t_head, train_ex, src=traces_path)
+    from composer_replication.pipeline.learning import heldout_traces
+    from composer_replication.trainer.onpolicy import error_sites
+
     return {
         "traces": len(ids),
         "heldout_traces": len(held),
         "train_states": len(train),
-        "heldout_error_sites": len(sites),
+        # the sites the before/after evaluation measures: each failed tool call of a held-out session that
+        # the agent answered (a recorded recovery), once
+        "heldout_error_sites": len(error_sites(heldout_traces(ctx.run_dir), need_hint=False)),
     }
 
 
@@ -135,13 +140,16 @@ def _evaluate(ctx: RunContext) -> dict[str, Any]:
         max_len=ec.max_prompt_tokens, max_new_tokens=ec.max_new_tokens,
     )  # fmt: skip
     atomic_write_json(ctx.path("eval", "eval.json"), result)
-    out: dict[str, Any] = {"sites": len(sites)}
+    # one evaluation: the paired comparison at every held-out error site and the sandbox tasks, each with
+    # its n; the greedy answers at the first evaluate.max_sites sites are samples to read (report, eval.json)
+    out: dict[str, Any] = {"heldout_error_sites": (result["sites"] or {}).get("n_sites", 0)}
     for m, v in ((result["sites"] or {}).get("metrics") or {}).items():
-        out[f"site_{m}"] = f"{v['before']:.4f}->{v['after']:.4f} (n={v['n']})"
-    for k in ("sandbox_pass_rate", "valid_rate", "tool_match_rate", "exact_match_rate"):
-        before, after = result["before"].get(k), result["after"].get(k)
-        if before is not None and after is not None:  # the first evaluate.max_sites sites (and the tasks)
-            out[k] = f"{before:.3f}->{after:.3f}"
+        out[m] = f"{v['before']:.4f}->{v['after']:.4f} (n={v['n']})"
+    before, after = result["before"].get("sandbox_pass_rate"), result["after"].get("sandbox_pass_rate")
+    if before is not None and after is not None:
+        n = result["after"].get("sandbox_scored")
+        out["sandbox_pass_rate"] = f"{before:.3f}->{after:.3f} (n={n} tasks)"
+    out["sample_answers"] = len(sites)
     return out
 
 

@@ -124,12 +124,12 @@ def _train_grpo(
     from composer_replication.trainer.export import base_dir
     from composer_replication.trainer.grpo_build import build_grpo_trainer, run_grpo
 
-    out.mkdir(parents=True, exist_ok=True)
-    rows = build_rows(od.load_rows(cfg.data.traces), od.load_rows(cfg.data.pairs))
+    rows = build_rows(*od.load_data(cfg))  # a bad or empty file fails here, before out_dir is created
     if not rows:
         raise ValueError(
             "grpo mode found no prompts: data.pairs has no pairs and data.traces no tool-error sites"
         )
+    out.mkdir(parents=True, exist_ok=True)
     reward = teacher_match_reward if cfg.grpo.reward.type == "teacher_match" else tool_format_reward
     trainer, callbacks = build_grpo_trainer(cfg, rows, reward, out, kill_switch=kill_switch)
     return run_grpo(trainer, callbacks, out, resume=resume, plot=cfg.logging.plot, final_dir=out / "final",

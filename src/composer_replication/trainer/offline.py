@@ -105,8 +105,8 @@ def _prepare_out(out: Path, resume: bool, engine: Any) -> tuple[Path | None, Pat
 class _Data:
     """The run's rows, split by episode (traces) and pair id into train and held-out, and the collator."""
 
-    def __init__(self, cfg: TrainConfig, tok: Any) -> None:
-        traces, self.pairs = od.load_rows(cfg.data.traces), od.load_rows(cfg.data.pairs)
+    def __init__(self, cfg: TrainConfig, tok: Any, traces: list[dict], pairs: list[dict]) -> None:
+        self.pairs = pairs
         # held out by episode (example_id): the bundled sessions are few but have many episodes each
         self.train_traces, self.eval_traces = od.split(
             traces, lambda r: str(r.get("example_id") or r.get("trace_id")), cfg.data.eval_fraction
@@ -195,6 +195,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
     cfg = config if isinstance(config, TrainConfig) else build_config(config)
     halt = any_stop(stop, kill_switch)  # one Stop (a KillSwitch, a plain callable, or both)
     engine = distributed.setup(cfg, device)  # one process, or one rank of torchrun / --nproc N
+    traces, pairs = od.load_data(cfg)  # a bad or empty file fails here, before out_dir is created
     out, main = Path(out_dir), engine.is_main
     ckpt_dir = out / "checkpoints"
     latest, samples = _prepare_out(out, resume, engine)
@@ -202,7 +203,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
     model, tok = load_model(*engine.load_args(cfg))
     model = engine.prepare(model)
     model.train()
-    data = _Data(cfg, tok)
+    data = _Data(cfg, tok, traces, pairs)
     stepper = OfflineStepper(
         cfg, model, tok, engine.device, train_traces=data.train_traces, train_pairs=data.train_pairs,
         ref_pairs=data.pairs, collator=data.collator, sample_cache=samples, engine=engine,

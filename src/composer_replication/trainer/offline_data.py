@@ -66,6 +66,34 @@ def load_rows(path: str | Path | None) -> list[dict]:
     return list(read_rows(path))
 
 
+def load_data(cfg: Any) -> tuple[list[dict], list[dict]]:
+    """The rows of ``cfg.data.traces`` and ``cfg.data.pairs``, checked before anything is written:
+    ``ValueError`` naming the file and the row when a row is not a trace (a ``turns`` list, as ``ingest``
+    writes) or not a preference pair, or when the two files hold no row at all."""
+    from composer_replication.trainer.pair_tokens import pair_fields
+
+    traces, pairs = load_rows(cfg.data.traces), load_rows(cfg.data.pairs)
+    for i, row in enumerate(traces, 1):
+        if not isinstance(row, dict) or not isinstance(row.get("turns"), list):
+            raise ValueError(
+                f"{cfg.data.traces}: trace {i} has no `turns` list: data.traces takes the traces.jsonl "
+                "that `composer-replication ingest` writes"
+            )
+    for i, row in enumerate(pairs, 1):
+        try:
+            pair_fields(row)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ValueError(
+                f"{cfg.data.pairs}: pair {i}: {exc} (data.pairs takes the pairs of `pairs` or `normalize`)"
+            ) from None
+    if not traces and not pairs:
+        files = " and ".join(str(p) for p in (cfg.data.traces, cfg.data.pairs) if p is not None)
+        raise ValueError(
+            f"{files}: no rows to train on (an empty file?); run `composer-replication ingest` first"
+        )
+    return traces, pairs
+
+
 def split(rows: list[dict], key_fn, fraction: float) -> tuple[list[dict], list[dict]]:
     train = [r for r in rows if not is_held_out(key_fn(r), fraction)]
     held = [r for r in rows if is_held_out(key_fn(r), fraction)]

@@ -50,7 +50,11 @@ def apply_lora(model: Any, cfg: TrainConfig) -> Any:
         target_modules=cfg.lora.target_modules,
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, lcfg)
+    import warnings
+
+    with warnings.catch_warnings():  # peft asks transformers a deprecated question: not the user's to fix
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        return get_peft_model(model, lcfg)
 
 
 def make_optimizer(cfg: TrainConfig, model: torch.nn.Module):

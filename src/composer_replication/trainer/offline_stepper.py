@@ -151,7 +151,10 @@ class OfflineStepper:
     def _on_policy_batch(self, micro: int) -> tuple[dict[str, torch.Tensor] | None, dict[str, float]]:
         """The student's samples at this micro-batch's error sites (None: no site) and the sampling metrics."""
         assert self.on_policy is not None
-        batch, metrics = self.on_policy.batch(self.model, self.step_count, micro)
+        # keyed by the global micro-batch index: rank r's i-th is one process's (i * world + r)-th
+        # (``RankStream``), so N processes draw the samples of one process at grad_accum N * g
+        world = self.engine.world_size
+        batch, metrics = self.on_policy.batch(self.model, self.step_count, micro * world + self.engine.rank)
         return (None if batch is None else {k: v.to(self.device) for k, v in batch.items()}), metrics
 
     def skip_to(self, step: int) -> None:

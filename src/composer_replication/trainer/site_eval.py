@@ -31,8 +31,8 @@ per metric, and the spread across models comes from training seeds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +102,7 @@ class SiteSet:
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.pad = encoding.pad_id(tok)
         self._prefix: FrozenPrefix | None = None
+        self._progress: Callable[[str], None] | None = None
         self.rows: list[_Row] = []
         for s in sites:
             msgs = site_messages(s, hinted=False)
@@ -128,8 +129,21 @@ class SiteSet:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def _shared(self, key: str) -> Any:
-        return self._prefix.call(key) if self._prefix is not None else nullcontext()
+    @contextmanager
+    def _shared(self, key: str) -> Iterator[None]:
+        with self._prefix.call(key) if self._prefix is not None else nullcontext():
+            yield
+        self._done(key)
+
+    def _done(self, stage: str) -> None:
+        if self._progress is not None:
+            self._progress(stage)
+
+    def stages(self, greedy: bool = True) -> int:
+        """How many stages :meth:`measure` reports to ``progress`` (forwards and decodes, per chunk)."""
+        chunks = self._chunks(self.rows)
+        hinted = sum(any(r.hinted is not None for r in c) for c in chunks)
+        return len(chunks) * (2 + greedy) + 2 * hinted + 3 * len(self._chunks(self.pair_rows))
 
     def _chunks(self, items: list) -> list[list]:
         return [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
@@ -167,6 +181,7 @@ class SiteSet:
                     t_ce.append(-float(token_logprobs(t_rows[None], labels[None]).mean()))
             if greedy:
                 ids = decode(model, pre, max_new_tokens=self.max_new_tokens, temperature=0, eos_ids=eos)
+                self._done(f"site{c}/greedy")
                 answers += [self.tok.decode(x, skip_special_tokens=True) for x in ids]
                 cut += [float(len(x) >= self.max_new_tokens and x[-1] not in eos) for x in ids]
         out: dict[str, Any] = {
@@ -225,14 +240,22 @@ class SiteSet:
             wins += sum(c > r for c, r in zip(avg["chosen"], avg["rejected"], strict=True))
         return {"pref_accuracy": wins / len(self.pair_rows), "n_pairs": float(len(self.pair_rows))}
 
-    def measure(self, model: Any, *, greedy: bool = True, shared_layers: int = 0) -> dict[str, Any]:
+    def measure(
+        self,
+        model: Any,
+        *,
+        greedy: bool = True,
+        shared_layers: int = 0,
+        progress: Callable[[str], None] | None = None,
+    ) -> dict[str, Any]:
         """All metrics for ``model`` (``answers`` holds the greedy answers, in site order).
 
         ``shared_layers`` (n > 0): the models measured with this set share their first n decoder layers
         and embeddings (adapters on later layers only): what those layers compute for the fixed prompts
         and recoveries is recorded at the first model and replayed at the next ones whose weights there
         are byte-equal (``trainer.frozen_prefix``; same numbers, ~n/L of the prefill work saved), the
-        greedy answers are decoded in full. Any other model is measured in full."""
+        greedy answers are decoded in full. Any other model is measured in full. ``progress`` is called
+        with each stage's name as it ends (:meth:`stages` of them: a progress bar's updates)."""
         if shared_layers and (self._prefix is None or self._prefix.n != shared_layers):
             self._prefix = FrozenPrefix(shared_layers)
         elif not shared_layers:
@@ -240,6 +263,7 @@ class SiteSet:
         was_training = model.training
         model.eval()
         bound = self._prefix.bind(model, weights_fixed=True) if self._prefix is not None else nullcontext()
+        self._progress = progress
         try:
             with bound:
                 out: dict[str, Any] = self._sites(model, greedy)
@@ -249,6 +273,7 @@ class SiteSet:
                     out.update(self._pref(model))
         finally:
             model.train(was_training)
+            self._progress = None
         return out
 
     def greedy_answers(self, model: Any) -> list[str]:
