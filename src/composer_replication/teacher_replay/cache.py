@@ -49,11 +49,12 @@ class ResultCache:
     def get(self, key: str) -> TeacherCallResult | None:
         return self.done.get(key)
 
-    def put(self, key: str, phash: str, result: TeacherCallResult) -> None:
+    def put(self, key: str, phash: str, result: TeacherCallResult, extra: dict[str, Any] | None = None) -> None:
+        """Append a row; ``extra`` (e.g. the call's ``tool_mode``) is written beside it, not returned."""
         if result["error"] is None:
             self.done[key] = result
         if self._out is not None:
-            self._out.write({**result, "key": key, "prompt_hash": phash})
+            self._out.write({**result, **(extra or {}), "key": key, "prompt_hash": phash})
             if self._durable is not None:
                 self._durable.wrote()
 
