@@ -41,7 +41,11 @@ from .waits import Stopped, StopWatch
 log = logging.getLogger(__name__)
 # An endpoint refusing the ``tools`` field (vLLM without a tool parser, Ollama and OpenRouter for a model
 # without tool support): the teacher is asked in the text format instead.
-_REFUSES_TOOLS = re.compile(r"^HTTP (400|404|422)\b.*\btool", re.IGNORECASE | re.DOTALL)
+_REFUSES_TOOLS = re.compile(
+    r"^HTTP (400|404|422)\b.*(support\w*\s+(for\s+)?tool|tools?\s+(is\s+|are\s+)?not\s+supported"
+    r"|enable-auto-tool-choice|tool.choice|tools\s+param)",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 @dataclass
