@@ -137,7 +137,9 @@ def test_transformers_teacher_is_asked_with_the_tools_and_answers_with_parsed_ca
     (res,) = asyncio.run(replay_trace(states, teachers, max_total_usd=0.0, max_tokens=4))
     _, tok = load_model_and_tokenizer(str(tiny_model_dir))
     with_tools = encoding.render_prompt_ids(tok, call.request.messages, call.request.tools)
-    assert res["prompt_tokens"] == len(with_tools) > len(encoding.render_prompt_ids(tok, call.request.messages))
+    assert (
+        res["prompt_tokens"] == len(with_tools) > len(encoding.render_prompt_ids(tok, call.request.messages))
+    )
     # a Hermes answer comes back as the endpoint's tool_calls: the same parsed call either way
     raw = 'Looking.\n<tool_call>\n{"name": "Read", "arguments": {"file_path": "a.py"}}\n</tool_call>'
     text, calls = endpoint_answer(raw)

@@ -120,7 +120,12 @@ def _plan_one(
     if mode not in variants:
         tools = request_tools(state) or None if mode == "native" else None
         messages = build_messages(state, mode=mode)
-        variants[mode] = (messages, tools, prompt_token_bound(messages, tools), prompt_token_estimate(messages, tools))
+        variants[mode] = (
+            messages,
+            tools,
+            prompt_token_bound(messages, tools),
+            prompt_token_estimate(messages, tools),
+        )
     messages, tools, bound, est = variants[mode]
     req = ChatRequest(
         model=spec.get("model", spec["slug"]), messages=messages, max_tokens=max_tokens,

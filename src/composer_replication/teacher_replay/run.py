@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import re
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -141,8 +141,9 @@ class ReplayRun:
         self.text_teachers: set[str] = set()  # teachers whose endpoint refused tools: asked in text
         for c in calls:
             hit = cache.get(c.key)
-            if hit is None and c.twin is not None and (hit := cache.get(c.twin.key)) is not None:
-                self.text_teachers.add(c.spec["slug"])  # it fell back in an earlier run
+            if hit is None and c.twin is not None and c.twin.key in cache.fell_back:
+                hit = cache.get(c.twin.key)  # its endpoint refused tools in an earlier run
+                self.text_teachers.add(c.spec["slug"])
             if hit is None:
                 self.todo.append(c)
             else:
@@ -329,7 +330,10 @@ class ReplayRun:
 
     async def record(self, call: _Call, row: TeacherCallResult) -> TeacherCallResult:
         """Append the row to the cache (durably with ``fsync``); answers and final errors only."""
-        self.cache.put(call.key, call.phash, row, {"tool_mode": call.tool_mode})
+        extra: dict[str, Any] = {"tool_mode": call.tool_mode}
+        if call.tool_mode != call.spec.get("tool_mode", "native"):
+            extra["fell_back"] = True  # asked in text because its endpoint refused tools
+        self.cache.put(call.key, call.phash, row, extra)
         await self.cache.sync()
         return row
 
