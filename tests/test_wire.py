@@ -85,11 +85,23 @@ def test_same_state_same_prompt_ids_in_training_grpo_and_evaluation(ingested, to
 
 
 def test_teacher_prompt_is_the_state_conversation_plus_review_instructions(ingested):
-    from composer_replication.teacher_replay.prompt import TEACHER_INSTRUCTIONS, build_messages
+    from composer_replication.teacher_replay.prompt import (
+        TEACHER_INSTRUCTIONS,
+        TEACHER_TOOL_INSTRUCTIONS,
+        build_messages,
+        request_tools,
+    )
 
     state = ingested[0][5]
+    # native (the default): the state's own OpenAI messages, calls as tool_calls, results as tool messages
     msgs = build_messages(state)
-    text = wire.text_messages(state["messages"])  # teachers read the text format (an action line)
+    assert msgs[1:] == wire.openai_messages(state["messages"])[1:]
+    assert any(m.get("tool_calls") for m in msgs) and any(m["role"] == "tool" for m in msgs)
+    assert msgs[0]["content"] == wire.SYSTEM_PROMPT + "\n\n" + TEACHER_TOOL_INSTRUCTIONS
+    assert request_tools(state) == wire.trace_tool_schemas(state) != []
+    # text (endpoints without tool support): the text format and an action line
+    msgs = build_messages(state, mode="text")
+    text = wire.text_messages(state["messages"])
     assert msgs[1:] == text[1:] and any("[TOOL_RESULT" in m["content"] for m in msgs)
     assert msgs[0]["content"].startswith(wire.TEXT_SYSTEM_PROMPT + "\nAvailable tools: ")
     assert msgs[0]["content"].endswith("\n\n" + TEACHER_INSTRUCTIONS)

@@ -60,8 +60,11 @@ def test_success_spend_matches_billed_and_key_never_persisted(fake_openrouter, t
     (body,) = [b for b in bodies if b["messages"][1:] == states[0]["messages"][1:] and b["model"] == "t/a"]
     system = body["messages"][0]
     assert system["role"] == "system" and system["content"].startswith("You are a coding agent.")
-    assert "[TOOL_USE] name=<tool name> input=<JSON" in system["content"]
-    assert "Available tools: Read, Bash, Edit." in system["content"]
+    # asked with tools: the session's schemas in the request's ``tools``, not spelled out in the text
+    assert "call the tool or tools it should call now" in system["content"]
+    assert "[TOOL_USE]" not in system["content"]
+    assert [t["function"]["name"] for t in body["tools"]] == ["Read", "Bash", "Edit"]
+    assert body["tools"][1]["function"]["parameters"]["required"] == ["command"]
     assert body["max_tokens"] == 1024
     for f in tmp_path.iterdir():
         assert SECRET not in f.read_text()

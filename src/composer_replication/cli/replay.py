@@ -190,6 +190,7 @@ def _run(args: argparse.Namespace) -> int:
         "calls": len(rep.results), "cached": rep.n_cached, "sent": rep.n_sent, "errors": rep.n_errors,
         "errors_by_kind": rep.errors_by_kind, "spent_usd_this_run": rep.spent_usd,
         "spent_usd_total": rep.total_usd, "max_total_usd": args.max_total_usd, "overrun": rep.overrun,
+        "tool_modes": rep.tool_modes, "malformed_by_teacher": rep.malformed_by_teacher,
     }  # fmt: skip
     atomic_write_json(args.out / "replay_summary.json", summary)
     print(json.dumps(summary, indent=2))

@@ -98,6 +98,10 @@ class TeacherConfig(_Section):
         None,
         description="`openai` only: extra JSON fields merged into each request, e.g. `{reasoning: {effort: low}}`.",
     )
+    tool_mode: Literal["native", "text"] = Field(
+        "native",
+        description="`native`: asked with the session's `tools`, answers read from `tool_calls`. `text`: the text action format, for endpoints without tool support (a native teacher whose endpoint refuses tools switches by itself).",
+    )
 
     @field_validator("base_url")
     @classmethod

@@ -34,6 +34,7 @@ class ResultCache:
         self.path = Path(path) if path is not None else None
         self.done: dict[str, TeacherCallResult] = {}
         self.n_error_rows = 0
+        self.fell_back: set[str] = set()  # text-format answers of teachers whose endpoint refused tools
         if self.path is not None and self.path.exists():
             for rec in read_jsonl(self.path):
                 key = rec.get("key")
@@ -41,6 +42,8 @@ class ResultCache:
                     continue
                 if rec.get("error") is None:
                     self.done[key] = _strip(rec)
+                    if rec.get("fell_back"):
+                        self.fell_back.add(key)
                 else:
                     self.n_error_rows += 1
         self._out = JsonlAppender(self.path, fsync=False, fast=True) if self.path is not None else None
@@ -49,11 +52,16 @@ class ResultCache:
     def get(self, key: str) -> TeacherCallResult | None:
         return self.done.get(key)
 
-    def put(self, key: str, phash: str, result: TeacherCallResult) -> None:
+    def put(
+        self, key: str, phash: str, result: TeacherCallResult, extra: dict[str, Any] | None = None
+    ) -> None:
+        """Append a row; ``extra`` (e.g. the call's ``tool_mode``) is written beside it, not returned."""
         if result["error"] is None:
             self.done[key] = result
+            if (extra or {}).get("fell_back"):
+                self.fell_back.add(key)
         if self._out is not None:
-            self._out.write({**result, "key": key, "prompt_hash": phash})
+            self._out.write({**result, **(extra or {}), "key": key, "prompt_hash": phash})
             if self._durable is not None:
                 self._durable.wrote()
 

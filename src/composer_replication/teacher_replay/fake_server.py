@@ -12,6 +12,13 @@ the response written one byte every ``Reply.drip_s`` seconds, headers included o
 (``Reply.drip``); a completion of ``Reply.huge_bytes`` bytes streamed chunked, with no
 ``Content-Length`` to refuse it by.
 
+Tool calling: a request's ``tools`` are kept in ``RequestInfo.body``; ``Reply.tool_calls`` answers with
+OpenAI ``tool_calls`` entries sent exactly as given (:func:`tool_call` builds one; hostile ones are any
+JSON: arguments that are not JSON, empty names, thousands of calls), ``finish_reason: "tool_calls"``
+and ``content`` null unless ``Reply.text`` is set. ``FakeOpenRouter(tools_supported=False)`` plays an
+endpoint without tool support: a request with ``tools`` gets HTTP 400, as vLLM without a tool parser
+and Ollama answer.
+
 Binds 127.0.0.1 only. Run standalone: ``python -m composer_replication.teacher_replay.fake_server``.
 """
 
@@ -46,6 +53,13 @@ class Reply:
     drip_s: float = 0.0  # > 0: write the response one byte at a time, this many seconds apart
     drip: str = "all"  # "all": status line and headers dripped too; "body": headers at once, then the body
     huge_bytes: int = 0  # ok: a completion of this many bytes, sent chunked without Content-Length
+    tool_calls: list[Any] | None = None  # ok: message.tool_calls, sent as given (content null unless text)
+
+
+def tool_call(name: Any, arguments: Any, call_id: str = "call_0") -> dict[str, Any]:
+    """One OpenAI ``tool_calls`` entry; ``arguments`` a dict is sent as JSON text, anything else as is."""
+    args = json.dumps(arguments) if isinstance(arguments, dict) else arguments
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
 
 
 @dataclass
@@ -83,6 +97,7 @@ class FakeOpenRouter:
     script: Callable[[RequestInfo], Reply] | None = None
     responder: Callable[[str, list[dict[str, Any]]], str] = _default_responder
     required_key: str | None = None
+    tools_supported: bool = True  # False: a request with ``tools`` is refused with HTTP 400
     counts: Counter = field(default_factory=Counter)
     n_requests: int = 0
     billed_usd: float = 0.0
@@ -168,6 +183,9 @@ class FakeOpenRouter:
                 self.seen_auth.add(auth)
         if self.required_key is not None and auth != f"Bearer {self.required_key}":
             return (*_err(401, "missing or wrong API key"), self.latency_s, Reply())
+        if body.get("tools") and not self.tools_supported:
+            msg = f"model {key[0]} does not support tools"
+            return (*_err(400, msg), self.latency_s, Reply())
         info = RequestInfo(model=key[0], key=key, n=n, body=body, authorization=auth)
         reply = self.script(info) if self.script else Reply()
         delay = self.latency_s + reply.delay_s
@@ -186,12 +204,13 @@ class FakeOpenRouter:
             if reply.retry_after is not None:
                 headers["Retry-After"] = reply.retry_after
             return (code if reply.kind == "http_error" else 200), headers, payload, delay, reply
-        text = reply.text if reply.text is not None else self.responder(key[0], messages)
-        text += "a" * reply.huge_bytes
-        text += echo
+        calls = reply.tool_calls
+        default = "" if calls is not None else self.responder(key[0], messages)
+        text = (reply.text if reply.text is not None else default) + "a" * reply.huge_bytes + echo
         max_tokens = int(body.get("max_tokens") or 1 << 30)
         pt = sum(math.ceil(len(str(m.get("content", "")).encode()) / 4) + 4 for m in messages)
-        ct = reply.completion_tokens if reply.completion_tokens is not None else len(text.encode()) // 4 + 1
+        n_out = len(text.encode()) + (len(json.dumps(calls)) if calls is not None else 0)
+        ct = reply.completion_tokens if reply.completion_tokens is not None else n_out // 4 + 1
         ct = min(ct, max_tokens)
         usage: dict[str, Any] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
         pin, pout = self.prices.get(key[0], (0.0, 0.0))
@@ -202,12 +221,13 @@ class FakeOpenRouter:
                 with self._lock:
                     self.billed_usd += float(cost)
         usage.update(reply.usage or {})
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls is not None:
+            message = {"role": "assistant", "content": text or None, "tool_calls": calls}
         body_out = {
             "id": f"gen-{self.n_requests}",
             "model": key[0],
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-            ],
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
             "usage": usage,
         }
         return 200, {}, json.dumps(body_out).encode(), delay, reply

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from composer_replication._io import write_jsonl_atomic
 
-from .actions import canonical_action
+from .actions import canonical_action, teacher_vote
+from .prompt import tool_names
 from .types import DPOPair, TeacherCallResult, TraceState
 
 
@@ -22,8 +23,10 @@ def extract_dpo_pairs(
     action and it differs from the student's.
 
     Agreement compares canonical actions (tool name + JSON arguments with sorted keys, or text with
-    whitespace collapsed), so ``{"a":1,"b":2}`` and ``{"b": 2, "a": 1}`` agree. Failed calls and
-    malformed responses (a tool line whose input is not JSON, an empty answer) never count. A tie for
+    whitespace collapsed), so ``{"a":1,"b":2}`` and ``{"b": 2, "a": 1}`` agree, whether a teacher
+    answered with ``tool_calls`` or in the text format. Failed calls and malformed responses
+    (arguments that are not a JSON object, an empty or unusable name, a tool the session does not
+    have, too many calls, an empty answer: ``actions.teacher_vote``) never count. A tie for
     the most-agreed action means no consensus, so no pair. ``chosen`` is the first agreeing teacher's
     original response text; ``rejected`` is the student's action.
     """
@@ -37,11 +40,12 @@ def extract_dpo_pairs(
         rows = [r for r in by_state.get(state["state_id"], ()) if r.get("error") is None]
         canon: list[tuple[object, TeacherCallResult]] = []
         seen_teachers: set[str] = set()
+        names = tool_names(state)
         for r in rows:
             if r["teacher_slug"] in seen_teachers:  # one vote per teacher
                 continue
             seen_teachers.add(r["teacher_slug"])
-            c = canonical_action(r.get("response_text"))
+            c = teacher_vote(r.get("response_text"), names)[0]
             if c is not None:
                 canon.append((c, r))
         if not canon:

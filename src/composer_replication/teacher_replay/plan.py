@@ -13,10 +13,13 @@ from composer_replication.config.run import REPLAY_MAX_TOKENS, REPLAY_TIMEOUT_S
 from .backends.base import ChatRequest
 from .cache import ResultCache, call_key, prompt_hash
 from .prompt import (
+    TOOL_MODES,
     build_messages,
     cost_from_tokens,
     prompt_token_bound,
     prompt_token_estimate,
+    request_tools,
+    tool_names,
     worst_case_usd,
 )
 from .types import DEFAULT_TEACHERS, TeacherSpec, TraceState
@@ -31,6 +34,9 @@ class _Call:
     phash: str
     reserve_usd: float
     expected_usd: float
+    tool_mode: str = "native"  # "native": asked with ``tools``; "text": the text action format
+    twin: _Call | None = None  # a native call's text-format twin, sent if the endpoint refuses tools
+    tool_names: tuple[str, ...] = ()  # the session's tools: a call to another one is malformed
 
 
 def _validate_states(states: Sequence[TraceState]) -> list[dict[str, Any]]:
@@ -88,30 +94,55 @@ def plan_calls(
         _validate_spec(spec)
     calls = []
     for state in _validate_states(states):
-        messages = build_messages(state)
-        bound = prompt_token_bound(messages)
-        est = prompt_token_estimate(messages)
+        variants: dict[str, Any] = {"names": tool_names(state)}
         for spec in teachers:
-            req = ChatRequest(
-                model=spec.get("model", spec["slug"]),
-                messages=messages,
-                max_tokens=max_tokens,
-                temperature=float(spec.get("temperature", 0.0)),
-                timeout_s=timeout_s,
-                extra_body=dict(spec.get("extra_body") or {}),
-            )
-            phash = prompt_hash(
-                {"model": req.model, "messages": messages, "max_tokens": max_tokens,
-                 "temperature": req.temperature, "extra": req.extra_body}
-            )  # fmt: skip
-            calls.append(
-                _Call(
-                    state=state, spec=dict(spec), request=req, key=call_key(state["state_id"], spec["slug"], phash),
-                    phash=phash, reserve_usd=worst_case_usd(bound, max_tokens, spec),
-                    expected_usd=cost_from_tokens(est, min(max_tokens, 256), spec),
-                )
-            )  # fmt: skip
+            mode = _tool_mode(spec)
+            call = _plan_one(state, spec, mode, variants, max_tokens, timeout_s)
+            if mode == "native":
+                call.twin = _plan_one(state, spec, "text", variants, max_tokens, timeout_s)
+            calls.append(call)
     return calls
+
+
+def _tool_mode(spec: TeacherSpec) -> str:
+    mode = spec.get("tool_mode", "native")
+    if mode not in TOOL_MODES:
+        raise ValueError(f"teacher {spec['slug']!r}: tool_mode is {mode!r}; use 'native' (tools) or 'text'")
+    return mode
+
+
+def _plan_one(
+    state: dict[str, Any], spec: TeacherSpec, mode: str, variants: dict[str, Any], max_tokens: int,
+    timeout_s: float,
+) -> _Call:  # fmt: skip
+    """One request of ``state`` to ``spec`` in ``mode``; ``variants`` holds each mode's messages, tools
+    and token bounds, built once per state."""
+    if mode not in variants:
+        tools = request_tools(state) or None if mode == "native" else None
+        messages = build_messages(state, mode=mode)
+        variants[mode] = (
+            messages,
+            tools,
+            prompt_token_bound(messages, tools),
+            prompt_token_estimate(messages, tools),
+        )
+    messages, tools, bound, est = variants[mode]
+    req = ChatRequest(
+        model=spec.get("model", spec["slug"]), messages=messages, max_tokens=max_tokens,
+        temperature=float(spec.get("temperature", 0.0)), timeout_s=timeout_s,
+        extra_body=dict(spec.get("extra_body") or {}), tools=tools,
+    )  # fmt: skip
+    payload = {"model": req.model, "messages": messages, "max_tokens": max_tokens,
+               "temperature": req.temperature, "extra": req.extra_body}  # fmt: skip
+    if mode == "native":  # a request with tools never shares a key with a text request
+        payload |= {"tool_mode": mode, "tools": tools}
+    phash = prompt_hash(payload)
+    return _Call(
+        state=state, spec=dict(spec), request=req, key=call_key(state["state_id"], spec["slug"], phash),
+        phash=phash, reserve_usd=worst_case_usd(bound, max_tokens, spec),
+        expected_usd=cost_from_tokens(est, min(max_tokens, 256), spec), tool_mode=mode,
+        tool_names=variants["names"],
+    )  # fmt: skip
 
 
 def price_run(

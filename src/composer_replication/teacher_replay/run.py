@@ -15,8 +15,10 @@ and `report` sums it up. Its guarantees are `client`'s (spend cap, resume, retri
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from typing import Any
 
 from composer_replication.safety.kill_switch import KillSwitchTriggered
 
+from .actions import answer_text, teacher_vote
 from .backends.base import BILLED_UNKNOWN, TeacherError
 from .backends.factory import make_backend
 from .backends.openai_compat import OPENROUTER_BASE_URL
@@ -34,6 +37,15 @@ from .plan import _Call
 from .prompt import cost_from_tokens
 from .types import TeacherCallResult
 from .waits import Stopped, StopWatch
+
+log = logging.getLogger(__name__)
+# An endpoint refusing the ``tools`` field (vLLM without a tool parser, Ollama and OpenRouter for a model
+# without tool support): the teacher is asked in the text format instead.
+_REFUSES_TOOLS = re.compile(
+    r"^HTTP (400|404|422)\b.*(support\w*\s+(for\s+)?tool|tools?\s+(is\s+|are\s+)?not\s+supported"
+    r"|enable-auto-tool-choice|tool.choice|tools\s+param)",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 @dataclass
@@ -66,6 +78,8 @@ class ReplayReport:
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     max_total_usd: float = 0.0
     overrun: bool = False  # the ledger books more than the cap: a provider billed above its reservation
+    tool_modes: dict[str, str] = field(default_factory=dict)  # teacher -> "native" (tools) or "text"
+    malformed_by_teacher: dict[str, int] = field(default_factory=dict)  # answers that cannot vote
 
     @property
     def total_usd(self) -> float:
@@ -124,8 +138,12 @@ class ReplayRun:
         self.watch = StopWatch(halt, lambda: ledger.spent_usd)
         self.results: dict[str, TeacherCallResult] = {}
         self.todo: list[_Call] = []
+        self.text_teachers: set[str] = set()  # teachers whose endpoint refused tools: asked in text
         for c in calls:
             hit = cache.get(c.key)
+            if hit is None and c.twin is not None and c.twin.key in cache.fell_back:
+                hit = cache.get(c.twin.key)  # its endpoint refused tools in an earlier run
+                self.text_teachers.add(c.spec["slug"])
             if hit is None:
                 self.todo.append(c)
             else:
@@ -193,9 +211,15 @@ class ReplayRun:
             )
 
     async def replay(self, call: _Call) -> TeacherCallResult:
-        """One call to its end: attempts until an answer, a final error or a reason not to send."""
+        """One call to its end: attempts until an answer, a final error or a reason not to send. A
+        teacher whose endpoint refuses ``tools`` is asked in the text format (``call.twin``) from then on."""
         attempts = 0
         while True:
+            if call.twin is not None and call.spec["slug"] in self.text_teachers:
+                call, attempts = call.twin, 0
+                hit = self.cache.get(call.key)
+                if hit is not None:
+                    return hit
             outcome = await self.attempt(call)
             if outcome is None:  # a cool-down began while it queued: not an attempt
                 continue
@@ -203,6 +227,9 @@ class ReplayRun:
                 return outcome
             attempts += 1
             err = outcome.error
+            if call.twin is not None and not err.retryable and _REFUSES_TOOLS.match(str(err)):
+                self._fall_back(call, err)
+                continue
             if not err.retryable or err.fatal or attempts >= self.retry.max_attempts:
                 error = f"{self.scrub(str(err))} (after {attempts} attempt(s))"
                 return await self.record(call, _row(call, latency_s=round(outcome.latency_s, 4), error=error))
@@ -210,6 +237,13 @@ class ReplayRun:
                 await self.watch.sleep(self.retry.delay(attempts - 1, err.retry_after_s))
             except Stopped as stop:
                 return _not_sent(call, f"stopped: {stop.reason}")
+
+    def _fall_back(self, call: _Call, err: TeacherError) -> None:
+        slug = call.spec["slug"]
+        if slug not in self.text_teachers:
+            self.text_teachers.add(slug)
+            log.warning("teacher %r: the endpoint refused tools (%s); asking it in the text format from now on",
+                        slug, self.scrub(str(err))[:200])  # fmt: skip
 
     async def attempt(self, call: _Call) -> TeacherCallResult | _Failed | None:
         """Wait out the teacher's cool-down, take a slot, check that we may send, reserve, send.
@@ -267,8 +301,13 @@ class ReplayRun:
             cost = cost_from_tokens(resp.prompt_tokens, resp.completion_tokens, call.spec)
         cost = _booked(cost, res.usd)
         await self.ledger.settle(res, cost)
+        text = self.scrub(answer_text(resp.text, resp.tool_calls))
+        problem = teacher_vote(text, call.tool_names)[1]
+        if problem is not None:
+            log.warning("teacher %r, state %r: malformed answer, booked and not counted as a vote: %s",
+                        call.spec["slug"], call.state["state_id"], self.scrub(problem))  # fmt: skip
         row = _row(
-            call, response_text=self.scrub(resp.text), latency_s=round(latency, 4), prompt_tokens=resp.prompt_tokens,
+            call, response_text=text, latency_s=round(latency, 4), prompt_tokens=resp.prompt_tokens,
             completion_tokens=resp.completion_tokens, cost_usd=cost,
         )  # fmt: skip
         return await self.record(call, row)
@@ -291,7 +330,10 @@ class ReplayRun:
 
     async def record(self, call: _Call, row: TeacherCallResult) -> TeacherCallResult:
         """Append the row to the cache (durably with ``fsync``); answers and final errors only."""
-        self.cache.put(call.key, call.phash, row)
+        extra: dict[str, Any] = {"tool_mode": call.tool_mode}
+        if call.tool_mode != call.spec.get("tool_mode", "native"):
+            extra["fell_back"] = True  # asked in text because its endpoint refused tools
+        self.cache.put(call.key, call.phash, row, extra)
         await self.cache.sync()
         return row
 
@@ -304,6 +346,12 @@ class ReplayRun:
             n_http_requests=self.n_http_requests, spent_usd=ledger.settled_usd, prior_usd=ledger.prior_usd,
             max_total_usd=ledger.max_total_usd, overrun=ledger.over_cap, stopped=self.watch.reason,
         )  # fmt: skip
+        for c in self.calls:
+            slug = c.spec["slug"]
+            rep.tool_modes[slug] = "text" if slug in self.text_teachers else c.tool_mode
+            r = self.results[c.key]
+            if r["error"] is None and teacher_vote(r["response_text"], c.tool_names)[0] is None:
+                rep.malformed_by_teacher[slug] = rep.malformed_by_teacher.get(slug, 0) + 1
         for r in rep.results:
             if r["error"] is not None:
                 rep.n_errors += 1

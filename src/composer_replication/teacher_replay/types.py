@@ -18,6 +18,8 @@ class TeacherSpec(TypedDict):
     - ``model_path``: a local model directory for ``"transformers"``.
     - ``temperature``: sampling temperature (default 0.0).
     - ``extra_body``: extra JSON fields merged into each request (e.g. ``{"reasoning": {...}}``).
+    - ``tool_mode``: ``"native"`` (default; asked with ``tools``, answers read from ``tool_calls``) or
+      ``"text"`` (the text action format, for endpoints without tool support).
     """
 
     slug: str
@@ -30,6 +32,7 @@ class TeacherSpec(TypedDict):
     model_path: NotRequired[str]
     temperature: NotRequired[float]
     extra_body: NotRequired[dict]
+    tool_mode: NotRequired[str]
 
 
 class TraceState(TypedDict):

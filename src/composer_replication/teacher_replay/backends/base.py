@@ -14,11 +14,12 @@ BILLED_UNKNOWN = "unknown"  # it may have been processed and billed: book the fu
 @dataclass
 class ChatRequest:
     model: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     max_tokens: int
     temperature: float = 0.0
     timeout_s: float = REPLAY_TIMEOUT_S
     extra_body: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # OpenAI function-tool schemas, sent as ``tools`` when set
 
 
 @dataclass

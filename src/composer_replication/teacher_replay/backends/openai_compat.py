@@ -11,9 +11,11 @@ text taken from a response (completion, tool calls, error message) before it lea
 server's ``finish_reason``, its own ``tool_calls`` and per-token ``logprobs`` are kept in the response
 for the generation path (``teacher_replay.endpoint``).
 
-What is not covered: streaming, tool-calling via the ``tools`` field (teachers answer in the agent's
-text action format instead, which every server supports), reading live prices, a key the server
-echoes in a transformed form (base64, split).
+A request's ``tools`` (the session's function-tool schemas) are sent as the ``tools`` field; the
+answer's ``tool_calls`` come back as the server wrote them (keys scrubbed) for ``wire`` to read.
+
+What is not covered: streaming, ``tool_choice`` (the server's default, ``auto``), reading live prices,
+a key the server echoes in a transformed form (base64, split).
 """
 
 from __future__ import annotations
@@ -243,6 +245,8 @@ class OpenAICompatBackend:
             "temperature": req.temperature,
             "stream": False,
         }
+        if req.tools:
+            body["tools"] = req.tools
         if self.is_openrouter:
             # Route only to models whose terms allow training on outputs, and never above the planned price.
             body["provider"] = {

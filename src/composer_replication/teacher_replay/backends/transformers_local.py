@@ -1,5 +1,7 @@
 """In-process teacher: a Hugging Face causal LM answering on this machine (offline use), through the one
 generation engine (``generation.LocalEngine``: greedy at temperature 0, else sampled as ``generate`` samples).
+The prompt is rendered with the request's ``tools`` (the chat template's tool support, ``wire``), and
+the answer's ``<tool_call>`` blocks come back as ``tool_calls``, as from an endpoint with a tool parser.
 
 The model is loaded once per ``model_path`` and calls run one at a time in a worker thread, so the
 event loop stays responsive. Cost is ``tokens × price`` from the spec (normally 0 for local models).
@@ -69,6 +71,18 @@ def stop_on(model: Any, cancel: threading.Event) -> Iterator[None]:
             h.remove()
 
 
+def endpoint_answer(text: str) -> tuple[str, list[dict[str, Any]] | None]:
+    """A model's raw answer as an endpoint with a tool parser returns it: the prose as content and its
+    ``<tool_call>`` blocks as OpenAI ``tool_calls``. An answer holding a malformed call stays raw text
+    (read as malformed, nothing lost)."""
+    from composer_replication import wire
+
+    parsed = wire.parse_openai_message({"content": text})
+    if not parsed.ok or not parsed.tool_calls or wire.TOOL_CALL_OPEN not in text:
+        return text, None
+    return parsed.text, [wire.openai_tool_call(n, a, j) for j, (n, a) in enumerate(parsed.tool_calls)]
+
+
 class TransformersBackend:
     def __init__(self, spec: dict[str, Any]) -> None:
         path = spec.get("model_path")
@@ -80,17 +94,21 @@ class TransformersBackend:
         self._lock = asyncio.Lock()
 
     def _generate(self, req: ChatRequest) -> ChatResponse:
+        from composer_replication import encoding
         from composer_replication.generation.local import LocalEngine, generate_params
 
         model, tok = _load(self.model_path)
-        engine = LocalEngine(model, tok)
+        engine = LocalEngine(model, tok, render=lambda m: encoding.render_prompt_ids(tok, m, req.tools))
         params = generate_params(model, max_new_tokens=req.max_tokens, temperature=req.temperature)
         got = engine.complete([req.messages], params)[0]
+        text, calls = endpoint_answer(got.text)
         return ChatResponse(
-            text=got.text,
+            text=text,
             prompt_tokens=got.prompt_tokens,
             completion_tokens=got.completion_tokens,
             cost_usd=None,
+            finish_reason=got.finish_reason,
+            tool_calls=calls,
         )
 
     def _generate_unless_cancelled(self, req: ChatRequest, cancel: threading.Event) -> ChatResponse:
