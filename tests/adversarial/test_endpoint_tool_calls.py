@@ -15,6 +15,7 @@ from composer_replication.teacher_replay.backends.base import TeacherError
 from composer_replication.teacher_replay.backends.openai_compat import parse_response
 from composer_replication.teacher_replay.endpoint import to_completion
 from composer_replication.teacher_replay.keys import REDACTED_KEY, KeyScrubber
+from composer_replication.wire import MAX_TOOL_CALLS
 
 KEY = "sk-test-endpoint-0123456789abcdef"
 
@@ -61,8 +62,10 @@ def test_thousands_of_calls_are_read_in_bounded_time():
     calls = [_fn("Bash", json.dumps({"command": f"echo {i}"})) for i in range(5000)]
     t0 = time.perf_counter()
     got = _read({"content": None, "tool_calls": calls})
-    assert len(got) == 5000 and got[-1] == {"name": "Bash", "input": {"command": "echo 4999"}}
+    # read in bounded time, and booked as malformed past wire.MAX_TOOL_CALLS (runaway generation)
     assert time.perf_counter() - t0 < 10
+    assert len(got) == MAX_TOOL_CALLS + 1 and got[MAX_TOOL_CALLS - 1]["input"] == {"command": "echo 63"}
+    assert got[-1]["name"] == "_invalid" and "5000 tool calls" in got[-1]["input"]["error"]
 
 
 def test_an_echoed_key_is_scrubbed_from_the_calls():
