@@ -124,9 +124,20 @@ def old_greedy_generator(model, tok, ids: torch.Tensor, max_new_tokens: int) -> 
     return tok.decode(new, skip_special_tokens=True), complete, new
 
 
-def old_hf_policy(model, tok, messages, *, max_new_tokens: int, temperature: float) -> tuple[str, list[int]]:
-    """``datagen.rollout.HFPolicy.__call__`` before the engine: (text, ids)."""
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+def old_hf_policy(
+    model, tok, messages, *, max_new_tokens: int, temperature: float, tools=None
+) -> tuple[str, list[int]]:
+    """``datagen.rollout.HFPolicy.__call__`` before the engine: (text, ids). ``tools``: the prompt as the
+    policy renders it now (``wire.render_ids`` with the tool schemas), so only the decoding is compared."""
+    if tools is None:
+        ids = tok.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+    else:
+        from composer_replication import wire
+
+        prompt = torch.tensor([wire.render_ids(tok, messages, tools)], dtype=torch.long)
+        ids = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt)}
     with torch.no_grad():
         out = model.generate(
             **ids,
@@ -214,7 +225,9 @@ def workloads(
 
     def old_roll(i):
         torch.manual_seed(i)
-        return old_hf_policy(model, tok, msgs[i], max_new_tokens=max_new, temperature=0.7)[1], None
+        return old_hf_policy(model, tok, msgs[i], max_new_tokens=max_new, temperature=0.7, tools=hf.tools)[
+            1
+        ], None
 
     def new_roll(i):
         torch.manual_seed(i)

@@ -80,7 +80,9 @@ def test_rollout_policy_answers_are_the_old_generate_answers(bench, msgs, loaded
     policy = HFPolicy(model, tok, max_new_tokens=16, temperature=temperature)
     for seed, m in enumerate(msgs):
         torch.manual_seed(seed)
-        want = bench.old_hf_policy(model, tok, m, max_new_tokens=16, temperature=temperature)[0]
+        want = bench.old_hf_policy(
+            model, tok, m, max_new_tokens=16, temperature=temperature, tools=policy.tools
+        )[0]
         state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         assert policy(m) == want
@@ -115,7 +117,9 @@ def test_generation_config_filters_and_penalty_are_applied_as_generate_does(benc
         policy = HFPolicy(model, tiny_tokenizer, max_new_tokens=24, temperature=temperature)
         for seed, m in enumerate(msgs):
             torch.manual_seed(seed)
-            want = bench.old_hf_policy(model, tiny_tokenizer, m, max_new_tokens=24, temperature=temperature)
+            want = bench.old_hf_policy(
+                model, tiny_tokenizer, m, max_new_tokens=24, temperature=temperature, tools=policy.tools
+            )
             torch.manual_seed(seed)
             assert policy(m) == want[0]
     # the penalty changed the greedy answer, so equality above is not the unpenalised path agreeing

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from composer_replication import wire
+from composer_replication.datagen.harness import harness_schemas
 from composer_replication.datagen.rollout import ScriptedPolicy, oracle_policy, run_rollout, task_prompt
 from composer_replication.datagen.tasks import bundled_tasks
 from composer_replication.datagen.tools import format_tool_call as call
@@ -111,8 +112,8 @@ def test_rollout_log_round_trips_through_ingestion(tmp_path, harness, steps, err
         assert [(c["name"], c["input"]) for c in wire.tool_calls(states[i]["student_action"])] == [
             (name, args)
         ]
-        result = states[i + 1]["messages"][-1]["content"]
-        assert wire.parse_tool_result_head(result.split("\n", 1)[0]) == (name, errors[i]), result[:200]
+        result = states[i + 1]["messages"][-1]  # a tool message (native tool calls), its error flag kept
+        assert (result["role"], result["name"], bool(result["is_error"])) == ("tool", name, errors[i]), result
         assert (states[i + 1].get("error_kind") is not None) == errors[i]
     assert states[-1]["student_action"] == "Fixed."
     first = states[0]["messages"]
@@ -141,8 +142,12 @@ def test_oracle_scores_one_in_every_harness(tmp_path, harness):
     assert (r.status, r.reward, r.end_reason) == ("ok", 1.0, "done"), r.test_output
 
 
-def test_system_message_lists_the_harness_tools():
-    claude, codex, default = (task_prompt(TASK, h)[0]["content"] for h in ("claude_code", "codex", None))
+def test_the_prompt_lists_the_harness_tools(tiny_tokenizer):
+    """The tools reach the model through the chat template's ``tools=`` (native tool calls)."""
+    claude, codex, default = (
+        wire.render(tiny_tokenizer, task_prompt(TASK, h), harness_schemas(h))
+        for h in ("claude_code", "codex", None)
+    )
     for tool in ("Bash", "Read", "Write", "Edit", "MultiEdit", "Grep", "Glob", "LS", "TodoWrite"):
         assert tool in claude
     assert all(t in codex for t in ("shell", "apply_patch", "update_plan"))
