@@ -74,3 +74,24 @@ def test_save_pairs_roundtrip(tmp_path):
     save_pairs(pairs, out)
     assert list(read_jsonl(out)) == json.loads(json.dumps(pairs))
     assert [p.name for p in out.parent.iterdir()] == ["pairs.jsonl"]  # no temp file left behind
+
+
+def test_pairs_carry_the_states_tool_schemas_through_normalisation(tiny_tokenizer):
+    """A pair's prompt renders with its state's tools, as the state does everywhere else."""
+    from composer_replication import encoding, tool_schemas, wire
+    from composer_replication.replaysim.normalize import _to_normalized
+    from composer_replication.trainer.pair_tokens import encode_pairs, pair_tools
+
+    tools = tool_schemas.tools_for("claude_code", ["Bash", "Read"])
+    state = {**_state(), "tool_schemas": tools}
+    results = [_res("s0", "a", READ_AB), _res("s0", "b", READ_BA)]
+    pair = extract_dpo_pairs([state], results)[0]
+    assert pair["tools"] == tools and pair_tools(pair) == tools
+    assert "tools" not in extract_dpo_pairs([_state()], results)[0]  # states without schemas: as before
+    normalized = _to_normalized(pair, {"op": "x"})
+    assert pair_tools(normalized) == tools and normalized.metadata["op"] == "x"
+    enc = encode_pairs(tiny_tokenizer, [pair])
+    prompt = encoding.render_prompt_ids(tiny_tokenizer, pair["state_messages"], tools)
+    assert enc["dpo_chosen_input_ids"][0, : len(prompt)].tolist() == prompt  # the tools block included
+    body = tiny_tokenizer.decode(enc["dpo_chosen_input_ids"][0][enc["dpo_chosen_response_mask"][0].bool()])
+    assert body == wire.response_text(tiny_tokenizer, READ_AB, tools) + "<|im_end|>"

@@ -69,7 +69,7 @@ def _to_normalized(p: dict[str, Any], metadata: dict[str, Any]) -> NormalizedDPO
         chosen_messages=[{"role": "assistant", "content": p["chosen"]}],
         rejected_messages=[{"role": "assistant", "content": p["rejected"]}],
         n_teachers_agreeing=int(p.get("n_teachers_agreeing", 0)),
-        metadata=dict(metadata),
+        metadata={**metadata, **({"tools": p["tools"]} if p.get("tools") else {})},  # the state's schemas
     )
 
 

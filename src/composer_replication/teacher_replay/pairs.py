@@ -6,6 +6,7 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from composer_replication._io import write_jsonl_atomic
 
@@ -57,15 +58,17 @@ def extract_dpo_pairs(
         if top == canonical_action(state["student_action"]):
             continue
         chosen = next(r for c, r in canon if c == top)
-        pairs.append(
-            {
-                "state_id": state["state_id"],
-                "state_messages": list(state["messages"]),
-                "chosen": chosen["response_text"] or "",
-                "rejected": state["student_action"],
-                "n_teachers_agreeing": n,
-            }
-        )
+        pair: DPOPair = {
+            "state_id": state["state_id"],
+            "state_messages": list(state["messages"]),
+            "chosen": chosen["response_text"] or "",
+            "rejected": state["student_action"],
+            "n_teachers_agreeing": n,
+        }
+        schemas = cast("dict[str, Any]", state).get("tool_schemas")
+        if schemas is not None:  # rendered with the state's tools, as the state is everywhere else
+            pair["tools"] = list(schemas)
+        pairs.append(pair)
     return pairs
 
 

@@ -64,6 +64,9 @@ class DPOPair(TypedDict):
     chosen: str
     rejected: str
     n_teachers_agreeing: int
+    tools: NotRequired[
+        list[dict]
+    ]  # the state's tool schemas (``tool_schemas``): the prompt is rendered with them
 
 
 # Paper-baseline OpenRouter list prices (USD per million tokens). Prices drift: read them live from

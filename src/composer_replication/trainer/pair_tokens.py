@@ -46,8 +46,10 @@ def pair_fields(pair: Any) -> tuple[str, list[dict], str, str]:
 
 
 def pair_tools(pair: Any) -> list[dict] | None:
-    """The tool schemas a pair's state is shown with (its ``tools``), or None."""
-    tools = getattr(pair, "tools", None) if not isinstance(pair, dict) else pair.get("tools")
+    """The tool schemas a pair's state is shown with (``tools``; a ``NormalizedDPOPair`` keeps them in
+    its ``metadata``), or None."""
+    row = pair if isinstance(pair, dict) else {"metadata": getattr(pair, "metadata", None)}
+    tools = row.get("tools") or (row.get("metadata") or {}).get("tools")
     return list(tools) if isinstance(tools, list) else None
 
 
