@@ -33,7 +33,9 @@ def _conversation() -> list[dict]:
 
 @pytest.fixture()
 def tok(tiny_tokenizer):
-    return copy.deepcopy(tiny_tokenizer)  # prepare_tokenizer changes the template in place
+    t = copy.deepcopy(tiny_tokenizer)  # prepare_tokenizer changes the template in place
+    t.chat_template = CHATML_TEMPLATE  # as built: other tests' renders may have prepared the shared one
+    return t
 
 
 def test_without_tools_the_hermes_template_is_plain_chatml(tok):
