@@ -54,7 +54,10 @@ def eval_json(valid_after: list[float] | None = None) -> dict:
                       "tool_match_rate": [0.0, 0.0, 0.0, 0.0]},
            "after": {"recovery_ce": [1.8, 2.0, 2.7, 2.0], "valid_rate": valid_after or [1.0, 1.0, 0.0, 0.0],
                      "tool_match_rate": [0.0, 1.0, 0.0, 0.0]}}  # fmt: skip
-    sites = {"n_sites": 4, "metrics": {m: paired(per["before"][m], per["after"][m]) for m in per["before"]}}
+    sites = {"n_sites": 4, "metrics": {m: paired(per["before"][m], per["after"][m]) for m in per["before"]},
+             "per_site": per, "site_ids": [f"t::s{i}" for i in range(4)],
+             "answers": {"before": ["loops loops loops", "[TOOL_USE] name=Read", "", ""],
+                         "after": ["[TOOL_USE] name=Bash input={}", "[TOOL_USE] name=Read", "", ""]}}  # fmt: skip
     sample = {"state_id": "t::0001", "valid": False, "output": "The function is defined in the function"}
     return {
         "note": "n",

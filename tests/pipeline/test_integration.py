@@ -79,6 +79,19 @@ def test_run_status_and_rerun(tmp_path, teacher_server):
         loaded, total = images_loaded(run / "report" / "report.html")
         assert loaded == total >= 5
 
+    # evaluate.max_sites 0 (the demo's): no separate greedy answers; the numbers and the report's sample
+    # answers come from the comparison at every held-out error site, and only evaluate and report rerun
+    zero = cli("run", str(cfg), "--out", str(run), "--set", "evaluate.max_sites=0")
+    assert zero.returncode == 0, zero.stderr[-3000:]
+    assert zero.stdout.count("up to date, skipped") == len(STAGES) - 2
+    ev0 = json.loads((run / "eval" / "eval.json").read_text())
+    assert ev0["before"]["sites"] == [] and ev0["sites"]["metrics"] == ev["sites"]["metrics"]
+    n = ev0["sites"]["n_sites"]
+    assert n == m.stages["split"].summary["heldout_error_sites"] > 0
+    assert len(ev0["sites"]["answers"]["before"]) == len(ev0["sites"]["answers"]["after"]) == n
+    page = (run / "report" / "report.html").read_text()
+    assert "held-out error site" in page.split("<h3>Sample answers</h3>")[1].split("</p>")[0]
+
 
 def test_bad_config_names_the_field(tmp_path):
     cfg = tmp_path / "bad.yaml"

@@ -58,6 +58,20 @@ def test_one_evaluation_every_rate_with_its_n(tmp_path):
     ]
 
 
+def test_without_a_greedy_block_the_samples_are_answers_the_table_scored(tmp_path):
+    """``evaluate.max_sites: 0`` (the demo): the sample answers come from the site comparison itself."""
+    fake_run(tmp_path)
+    ev = eval_json()
+    for phase in ("before", "after"):
+        ev[phase].update(n_sites=0, valid_rate=None, sites=[])
+    (tmp_path / "eval" / "eval.json").write_text(json.dumps(ev))
+    samples = _section(write_report(tmp_path).read_text(), "Evaluation").split("<h3>Sample answers</h3>")[1]
+    assert "Greedy answers at 3 of the 4 held-out error sites the table scores" in samples
+    rows = _table_rows(samples)
+    assert rows[0] == ["t::s0", "not valid: loops loops loops", "valid: [TOOL_USE] name=Bash input={}"]
+    assert [r[0] for r in rows] == ["t::s0", "t::s1", "t::s2"]
+
+
 def test_changes_whose_interval_crosses_zero_are_called_within_noise(tmp_path):
     fake_run(tmp_path)
     page = write_report(tmp_path).read_text()

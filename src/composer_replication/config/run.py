@@ -218,7 +218,11 @@ class EvalConfig(_Section):
     """Evaluation before and after training."""
 
     max_sites: int = Field(
-        16, ge=1, description="Held-out error sites evaluated (the first ones in file order)."
+        16,
+        ge=0,
+        description="Held-out error states (the first in file order) whose greedy answers are also generated one "
+        "by one, before and after, to read (`eval.json` `before.sites`); 0: none. The before/after numbers "
+        "come from every held-out error site (`eval.json` `sites`), whatever this is.",
     )
     max_new_tokens: int = Field(
         256,

@@ -71,15 +71,18 @@ def site_comparison(
     tok = load_tokenizer(after_dir)
     ss = SiteSet(tok, sites, max_len=max_len, max_new_tokens=max_new_tokens, batch_size=batch_size)
     per: dict[str, dict[str, list[float]]] = {}
+    answers: dict[str, list[str]] = {}
     for phase, d in (("before", before_dir), ("after", after_dir)):
         model = load_causal_lm(d)
-        per[phase] = ss.measure(model)["per_site"]
+        measured = ss.measure(model)
+        per[phase], answers[phase] = measured["per_site"], measured["answers"]
         del model
     return {
         "n_sites": len(ss),
         "metrics": {m: paired(per["before"][m], per["after"][m]) for m in HEADLINE if per["before"][m]},
         "per_site": per,
         "site_ids": [r.site.site_id for r in ss.rows],
+        "answers": answers,  # the greedy answers the valid and tool-match rates score, in site order
     }
 
 

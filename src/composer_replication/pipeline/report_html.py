@@ -117,24 +117,38 @@ def evaluation_section(ev: dict[str, Any]) -> list[str]:
     return out + _sample_answers(ev)
 
 
+SAMPLES = 3  # answers of the site comparison shown when evaluate.max_sites generated none of its own
+
+
+def _answer(text: str, valid: Any) -> str:
+    cut = text[:ANSWER_CHARS] + (" [...]" if len(text) > ANSWER_CHARS else "")
+    return f"{'valid' if valid else 'not valid'}: {cut}"
+
+
 def _sample_answers(ev: dict[str, Any]) -> list[str]:
+    """The greedy block's answers (``evaluate.max_sites``), else the first answers the table scored."""
     before = {r["state_id"]: r for r in (ev.get("before") or {}).get("sites") or []}
     after = {r["state_id"]: r for r in (ev.get("after") or {}).get("sites") or []}
     ids = [i for i in before if i in after]
-    if not ids:
-        return []
-
-    def cell(r: dict[str, Any]) -> str:
-        text = r.get("output", "")
-        cut = text[:ANSWER_CHARS] + (" [...]" if len(text) > ANSWER_CHARS else "")
-        return f"{'valid' if r.get('valid') else 'not valid'}: {cut}"
-
+    if ids:
+        rows = [[i, _answer(before[i]["output"], before[i].get("valid")),
+                 _answer(after[i]["output"], after[i].get("valid"))] for i in ids]  # fmt: skip
+        what = f"at the first {count(len(ids), 'held-out error state')} (evaluate.max_sites)"
+    else:
+        s = ev.get("sites") or {}
+        answers, valid = s.get("answers") or {}, {p: (s.get("per_site") or {}).get(p, {}).get("valid_rate")
+                                                  for p in ("before", "after")}  # fmt: skip
+        if not answers.get("before") or not answers.get("after"):
+            return []
+        n = min(SAMPLES, len(s["site_ids"]))
+        rows = [[s["site_ids"][i], *(_answer(answers[p][i], (valid[p] or [0] * n)[i]) for p in ("before", "after"))]
+                for i in range(n)]  # fmt: skip
+        what = f"at {n} of the {count(s['n_sites'], 'held-out error site')} the table scores"
     return [
         "<h3>Sample answers</h3>",
-        f"<p>The greedy answers at the first {len(ids)} held-out error state(s) (evaluate.max_sites), before "
-        "and after, to read what the model says: they are examples, not the measurement (the table above "
-        "is).</p>",
-        table(["state", "before", "after"], [[i, cell(before[i]), cell(after[i])] for i in ids]),
+        f"<p>Greedy answers {what}, before and after, to read what the model says: they are examples, not "
+        "the measurement (the table above is).</p>",
+        table(["site", "before", "after"], rows),
     ]
 
 

@@ -127,8 +127,12 @@ def _evaluate(ctx: RunContext) -> dict[str, Any]:
         "heldout_sites": len(sites),
     }
     for phase, model in (("before", student_dir(ctx)), ("after", final_model_dir(ctx))):
-        gen = GreedyGenerator(
-            model, cache, max_new_tokens=ec.max_new_tokens, max_prompt_tokens=ec.max_prompt_tokens
+        gen: Any = (
+            GreedyGenerator(
+                model, cache, max_new_tokens=ec.max_new_tokens, max_prompt_tokens=ec.max_prompt_tokens
+            )
+            if sites
+            else lambda st: ("", True)  # evaluate.max_sites 0: no separate greedy answers (nothing is called)
         )
         result[phase] = {"model": str(model), **evaluate_sites(gen, sites, stop=ctx.stop)}
         if ec.sandbox_tasks:
