@@ -19,8 +19,9 @@ TASKS: dict[str, dict[str, Any]] = {
     "fix-mul": {
         "instruction": "Fix mul in calc.py: it returns the sum.",
         "files": {"calc.py": "def mul(a, b):\n    return a + b\n"},
+        # test_two passes at the start too (2 + 2 == 2 * 2): half the check's tests pass without a fix
         "tests": {"test_calc.py": "from calc import mul\n\n\ndef test_mul():\n    assert mul(3, 4) == 12\n"
-                  "\n\ndef test_zero():\n    assert mul(0, 4) == 0\n"},
+                  "\n\ndef test_two():\n    assert mul(2, 2) == 4\n"},
         "solution": {"calc.py": "def mul(a, b):\n    return a * b\n"},
     },
 }  # fmt: skip

@@ -17,6 +17,7 @@ from typing import Any
 
 from composer_replication._io import atomic_write_text, read_jsonl
 from composer_replication.pipeline.manifest import Manifest
+from composer_replication.pipeline.task_stages import read_task_eval
 from composer_replication.trainer.plots import pyplot
 
 LOSS_KEYS = ("total", "lm_ce", "sdpo_jsd", "trace_replay_dpo", "loss")
@@ -119,6 +120,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "call_rows": calls,
         "pairs_per_teacher": per_teacher,
         "eval": json.loads(eval_path.read_text()) if eval_path.exists() else None,
+        "tasks": read_task_eval(run_dir),
     }
 
 
@@ -304,6 +306,9 @@ def _html(title: str, d: dict[str, Any], figs: list[tuple[str, str]]) -> str:
             f"<p>{esc(ev.get('note', ''))}</p>",
             _table(["metric", *groups], rows),
         ]
+    from composer_replication.pipeline.task_report import run_section
+
+    parts += run_section(d["tasks"])
     parts.append("<h2>Plots</h2>")
     for name, caption in figs:
         parts.append(

@@ -57,19 +57,23 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def _policies(
-    builtins: Sequence[str], models: Sequence[str], limits: dict[str, Any], log: Callable[[str], None]
+    builtins: Sequence[str],
+    models: Sequence[str],
+    names: Sequence[str],
+    limits: dict[str, Any],
+    log: Callable[[str], None],
 ) -> list[Any]:
     from composer_replication.tasks.agent import model_policy
     from composer_replication.tasks.evaluate import NoopPolicy, ReferencePolicy
 
-    dup = sorted({m for m in models if list(models).count(m) > 1})
+    dup = sorted({m for m in names if list(names).count(m) > 1})
     if dup:
         raise ValueError(f"--model {dup[0]} is given twice: each model is scored once")
     made: dict[str, Any] = {"reference": ReferencePolicy(), "noop": NoopPolicy()}
     out = [made[p] for p in dict.fromkeys(builtins)]
-    for spec in models:
+    for spec, name in zip(models, names, strict=True):
         log(f"loading model {spec}")
-        out.append(model_policy(spec, **limits))
+        out.append(model_policy(spec, name=name, **limits))
     return out
 
 
@@ -78,6 +82,7 @@ def evaluate_models(
     out_dir: str | Path,
     *,
     models: Sequence[str] = (),
+    names: Sequence[str] | None = None,
     policies: Sequence[str] = (),
     samples: int = 1,
     harness: str | None = None,
@@ -88,8 +93,9 @@ def evaluate_models(
     title: str = "eval",
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Score the built-in ``policies`` and the ``models`` on ``tasks_dir``; write ``out_dir/eval.json``
-    (with ``comparisons``) and ``out_dir/report.html``. ``limits``: each model's limits and sampling,
+    """Score the built-in ``policies`` and the ``models`` (named ``names``, default the specs themselves)
+    on ``tasks_dir``; write ``out_dir/eval.json`` (with ``comparisons``) and ``out_dir/report.html``.
+    ``limits``: each model's limits and sampling,
     ``tasks.agent.model_policy``'s keywords (``max_turns``, ``max_tokens``, ``max_wall_s``,
     ``max_new_tokens``, ``temperature``, ``endpoint_model``)."""
     from composer_replication.pipeline.task_report import write_eval_report
@@ -97,7 +103,7 @@ def evaluate_models(
 
     if not models and not policies:
         raise ValueError("nothing to score: give --model and/or --policy")
-    chosen = _policies(policies, models, dict(limits or {}), log)
+    chosen = _policies(policies, models, list(names or models), dict(limits or {}), log)
     result = evaluate(tasks_dir, chosen, out_dir, samples=samples, sandbox=sandbox, env_cache=env_cache,
                       harness=harness, stop=stop, log=log)  # fmt: skip
     agents = [p for p in result["policies"] if p["kind"] == "model"]

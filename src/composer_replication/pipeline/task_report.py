@@ -1,10 +1,9 @@
 """``report.html`` of an ``eval`` run, and the task section of the pipeline's report.
 
-`write_eval_report(result, out_dir)` renders ``out_dir/report.html`` from an ``eval.json`` result with two
-plots beside it (matplotlib, Agg, via ``pipeline.report``'s plot helpers): pass rate against tokens per
-attempt, one point per policy (CursorBench's correctness-against-cost view), and pass@1 with the share
-of checks passing per policy; then the paired comparisons (``b - a`` per task, 95% interval) and a
-per-task table. `run_section(tasks)` is the pipeline report's view of the ``eval_tasks_*`` stages:
+`write_eval_report(result, out_dir)` renders ``out_dir/report.html`` from an ``eval.json`` result: the
+policies' rates, a plot beside it (matplotlib, Agg: ``trainer.plots.pyplot``) of pass rate against
+generated tokens per attempt, one point per policy (CursorBench's correctness-against-cost view), the
+paired comparisons (``b - a`` per task, 95% interval) and a per-task table. `run_section(tasks)` is the pipeline report's view of the ``eval_tasks_*`` stages:
 before/after pass rates on the run's tasks and their paired difference.
 """
 
@@ -61,29 +60,21 @@ def _scatter(plt: Any, points: list[tuple[str, float, float]], out: Path) -> boo
 
 
 def _figures(result: dict[str, Any], out: Path) -> list[tuple[str, str]]:
-    from composer_replication.pipeline.report import _bar_plot
     from composer_replication.trainer.plots import pyplot
 
-    plt = pyplot("the eval report")
     pols = [p for p in result["policies"] if p["pass@1"] is not None]
-    figs = []
     points = [(p["name"], float(p["tokens_per_attempt"] or 0.0), float(p["pass@1"])) for p in pols]
-    if _scatter(plt, points, out / "pass_vs_tokens.png"):
-        figs.append(
-            ("pass_vs_tokens.png", "pass@1 against generated tokens per attempt, one point per policy")
-        )
-    groups = {"pass@1": [float(p["pass@1"]) for p in pols],
-              "checks passing": [float(p["checks_share"] or 0.0) for p in pols]}  # fmt: skip
-    if _bar_plot(plt, [p["name"] for p in pols], groups, "per policy", "share", out / "policies.png"):
-        figs.append(("policies.png", "pass@1 and the share of checks passing, per policy"))
-    return figs
+    if _scatter(pyplot("the eval report"), points, out / "pass_vs_tokens.png"):
+        return [("pass_vs_tokens.png", "pass@1 against generated tokens per attempt, one point per policy")]
+    return []
 
 
 def _summary_table(result: dict[str, Any]) -> str:
     k = result["samples"]
-    heads = ["policy", "kind", "pass@1", f"pass@{k}", "checks passing", "tasks scored", "attempts scored",
+    at_k = [f"pass@{k}"] if k > 1 else []
+    heads = ["policy", "kind", "pass@1", *at_k, "checks passing", "tasks scored", "attempts scored",
              "infra failures", "tokens / attempt", "turns / attempt", "reward-hack attempts"]  # fmt: skip
-    rows = [[p["name"], p["kind"], _fmt(p["pass@1"]), _fmt(p[f"pass@{k}"]), _fmt(p["checks_share"]),
+    rows = [[p["name"], p["kind"], _fmt(p["pass@1"]), *(_fmt(p[c]) for c in at_k), _fmt(p["checks_share"]),
              p["tasks_scored"], p["attempts_scored"], p["infra_failures"], _fmt(p["tokens_per_attempt"], ".1f"),
              _fmt(p["turns_per_attempt"], ".1f"), p["reward_hack_attempts"]] for p in result["policies"]]  # fmt: skip
     return _table(heads, rows)
@@ -115,8 +106,9 @@ def _task_table(result: dict[str, Any]) -> str:
             by_task.setdefault(r["task"], {})[p["name"]] = r
     rows, classes = [], []
     for task, per in by_task.items():
-        harness = next((r.get("harness") for r in per.values() if r.get("harness")), "")
-        cells, cls = [task, harness or ""], ["", ""]
+        agents = [r for r in per.values() if "harness" in r]
+        harness = (agents[0]["harness"] or "sandbox tools") if agents else ""
+        cells, cls = [task, harness], ["", ""]
         for p in pols:
             r = per.get(p["name"])
             if r is None or not r["scored"]:
