@@ -332,6 +332,8 @@ def load_adapter(path: str | os.PathLike[str], *, dtype: Any = None) -> tuple[An
         base = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}/adapter_config.json: no readable base_model_name_or_path ({e})") from None
+    if isinstance(base, str) and not Path(base).is_absolute() and (path / base).exists():
+        base = str(path / base)  # a base named relative to the adapter
     try:
         base_dir = resolve_model(str(base))
     except FileNotFoundError:

@@ -103,10 +103,16 @@ def model_policy(
     else:
         from composer_replication.models import load_model_and_tokenizer
 
-        if spec not in ("default", "tiny") and not Path(spec).expanduser().is_dir():
-            raise FileNotFoundError(
-                f"--model {spec}: not `default`, `tiny`, a model or adapter directory, or an http(s)://.../v1 URL"
-            )
+        if spec not in ("default", "tiny"):
+            d = Path(spec).expanduser()
+            if not d.is_dir():
+                raise FileNotFoundError(
+                    f"--model {spec}: not `default`, `tiny`, a model or adapter directory, or an http(s)://.../v1 URL"
+                )
+            if not any((d / f).is_file() for f in ("config.json", "adapter_config.json")):
+                raise FileNotFoundError(
+                    f"--model {spec}: no config.json or adapter_config.json there (not a saved model or adapter)"
+                )
         model, tok = load_model_and_tokenizer(spec)
         chat = rollout.HFPolicy(model.eval(), tok, max_new_tokens=max_new_tokens, temperature=temperature)
     return AgentPolicy(name or spec, chat, max_turns=max_turns, max_tokens=max_tokens, max_wall_s=max_wall_s)
