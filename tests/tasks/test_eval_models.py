@@ -74,6 +74,7 @@ def test_base_against_a_trained_adapter_writes_the_paired_table_and_report(
     # every attempt left a session log in its harness's format (Claude Code: the four sandbox tools' log)
     logs = sorted(p.name for p in (out / "rollouts").rglob("*.jsonl"))
     assert logs.count("fix-sub-000.jsonl") == 2 and len(logs) == 4
+    assert (out / tuned["rollouts"] / "fix-sub-000.jsonl").is_file() and base["rollouts"] != tuned["rollouts"]
     page = (out / "report.html").read_text()
     assert "pass_vs_tokens.png" in page and "against" in page and "fix-mul" in page
     assert (out / "pass_vs_tokens.png").stat().st_size > 0

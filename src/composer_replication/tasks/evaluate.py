@@ -207,9 +207,11 @@ def evaluate(
         )
     result: dict[str, Any] = {"tasks_dir": str(tasks_dir), "n_tasks": len(tasks), "samples": samples,
                               "malformed": extra["malformed"], "policies": []}  # fmt: skip
+    logs = _log_dirs(policies)
     for policy in policies:
         if isinstance(policy, ReferencePolicy) and not policy.deleted:
             policy.deleted = extra["deleted"]
+        log_dir = Path(out_dir) / "rollouts" / logs[id(policy)]
         rows = []
         for task in tasks:
             how = extra["source"].get(task.name) or harness
@@ -219,17 +221,19 @@ def evaluate(
                 attempts = [{"infra_error": f"environment: {e}", "seconds": 0.0}] * samples
             else:
                 attempts = [
-                    _attempt(task, policy, i, spec=spec, harness=how, out=Path(out_dir), stop=stop)
+                    _attempt(task, policy, i, spec=spec, harness=how, log_dir=log_dir, stop=stop)
                     for i in range(samples)
                 ]
             rows.append(_row(task.name, attempts, samples) | ({"harness": how} if _is_agent(policy) else {}))
             r = rows[-1]
             state = "infra error" if r["scored"] == 0 else f"{r['solved']}/{r['scored']} solved"
             log(f"{policy.name}: {task.name}: {state}, checks {r['checks_share']}")
-        kind = "model" if _is_agent(policy) else "built-in"
-        result["policies"].append(
-            {"name": policy.name, "kind": kind, **_summary(rows, samples), "rows": rows}
+        kind = (
+            {"kind": "model", "rollouts": f"rollouts/{logs[id(policy)]}"}
+            if _is_agent(policy)
+            else {"kind": "built-in"}
         )
+        result["policies"].append({"name": policy.name, **kind, **_summary(rows, samples), "rows": rows})
     atomic_write_json(Path(out_dir) / EVAL_FILE, result)
     return result
 
@@ -238,14 +242,25 @@ def _is_agent(policy: Any) -> bool:
     return callable(getattr(policy, "attempt", None))
 
 
+def _log_dirs(policies: Sequence[Policy | Agent]) -> dict[int, str]:
+    """A distinct folder name under ``rollouts/`` per policy (its name, made safe; ``-2``... on a clash)."""
+    from composer_replication.tasks.layout import safe_component
+
+    out: dict[int, str] = {}
+    for p in policies:
+        base = name = safe_component(p.name, 60)
+        n = 2
+        while name in out.values():
+            name, n = f"{base}-{n}", n + 1
+        out[id(p)] = name
+    return out
+
+
 def _attempt(
-    task: Task, policy: Policy | Agent, i: int, *, spec: Any, harness: str | None, out: Path, stop: Any
+    task: Task, policy: Policy | Agent, i: int, *, spec: Any, harness: str | None, log_dir: Path, stop: Any
 ) -> dict[str, Any]:
     if not _is_agent(policy):
         return run_task(task, policy, sandbox=spec)  # type: ignore[arg-type]
-    from composer_replication.tasks.layout import safe_component
-
-    log_dir = out / "rollouts" / safe_component(policy.name, 60)
     return policy.attempt(  # type: ignore[union-attr]
         task, sandbox=spec, harness=harness, rollout_id=f"{task.name}-{i:03d}", log_dir=log_dir, stop=stop
     )
