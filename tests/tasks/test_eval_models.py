@@ -15,6 +15,9 @@ from composer_replication.cli.main import main
 from composer_replication.datagen.apply_patch import add_files_patch
 from composer_replication.datagen.rollout import task_prompt
 from composer_replication.datagen.tasks import load_task
+from composer_replication.datagen.tools import parse_tool_calls
+from composer_replication.ingestion.claude_code import ClaudeCodeIngester
+from composer_replication.ingestion.codex import CodexIngester
 from composer_replication.pipeline.task_eval import compare
 from composer_replication.wire import format_tool_use
 
@@ -109,9 +112,16 @@ def test_an_endpoint_model_runs_in_each_tasks_own_harness(tmp_path):
     (p,) = json.loads((tmp_path / "o" / "eval.json").read_text())["policies"]
     assert p["pass@1"] == 1.0 and p["checks_share"] == 1.0 and p["reward_hack_attempts"] == 0
     assert {r["task"]: r["harness"] for r in p["rows"]} == {"fix-sub": "codex", "fix-mul": "claude_code"}
-    logs = {q.stem: q.read_text().splitlines() for q in (tmp_path / "o" / "rollouts").rglob("*.jsonl")}
-    assert json.loads(logs["fix-sub-000"][0])["type"] == "session_meta"  # a Codex rollout log
-    assert json.loads(logs["fix-mul-000"][0])["type"] == "user"  # a Claude Code transcript
+    logs = {q.stem: q for q in (tmp_path / "o" / p["rollouts"]).glob("*.jsonl")}
+    assert (
+        json.loads(logs["fix-sub-000"].read_text().splitlines()[0])["type"] == "session_meta"
+    )  # Codex's log
+    # each log reads back through its source's ingester: the calls the model made, in their own tools
+    tools = {
+        name: [c["name"] for s in ing().ingest(logs[name]) for c in parse_tool_calls(s["student_action"])]
+        for name, ing in (("fix-sub-000", CodexIngester), ("fix-mul-000", ClaudeCodeIngester))
+    }
+    assert tools == {"fix-sub-000": ["apply_patch"], "fix-mul-000": ["Read", "Write"]}, tools
 
 
 def test_a_failing_endpoint_is_an_infrastructure_failure_not_a_score(task_dir, tmp_path):
