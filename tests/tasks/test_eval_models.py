@@ -84,28 +84,28 @@ def test_base_against_a_trained_adapter_writes_the_paired_table_and_report(
     assert "pass@1 +0.500" in capsys.readouterr().out
 
 
-def _solver(tasks):
-    """A loopback model that solves each task in its harness's tools: codex patches, Claude Code reads then writes."""
+def _solver(info):
+    """A loopback model that solves each task with the tools its request offers: Codex's patch, or Claude
+    Code's read then write."""
+    from composer_replication.teacher_replay.fake_server import Reply
 
-    def respond(model, messages):
-        done = sum(m["role"] == "assistant" for m in messages)
-        name = next(n for n, t in TASKS.items() if t["instruction"] in str(messages[1]["content"]))
-        fix = TASKS[name]["solution"]
-        if "apply_patch" in str(messages[0]["content"]):
-            steps = [format_tool_use("apply_patch", {"input": add_files_patch(fix)})]
-        else:
-            steps = [format_tool_use("Read", {"file_path": "calc.py"}),
-                     format_tool_use("Write", {"file_path": "calc.py", "content": fix["calc.py"]})]  # fmt: skip
-        return steps[done] if done < len(steps) else "Done."
-
-    return respond
+    messages, offered = info.body["messages"], [t["function"]["name"] for t in info.body.get("tools", [])]
+    done = sum(m["role"] == "assistant" for m in messages)
+    name = next(n for n, t in TASKS.items() if t["instruction"] in str(messages[1]["content"]))
+    fix = TASKS[name]["solution"]
+    if "apply_patch" in offered:
+        steps = [format_tool_use("apply_patch", {"input": add_files_patch(fix)})]
+    else:
+        steps = [format_tool_use("Read", {"file_path": "calc.py"}),
+                 format_tool_use("Write", {"file_path": "calc.py", "content": fix["calc.py"]})]  # fmt: skip
+    return Reply(text=steps[done] if done < len(steps) else "Done.")
 
 
 def test_an_endpoint_model_runs_in_each_tasks_own_harness(tmp_path):
     from composer_replication.teacher_replay.fake_server import FakeOpenRouter
 
     tasks = write_tasks(tmp_path / "T", {"fix-sub": "codex", "fix-mul": "claude_code"})
-    with FakeOpenRouter(responder=_solver(TASKS)) as server:
+    with FakeOpenRouter(script=_solver) as server:
         code = main(["eval", str(tasks), "--model", server.base_url, "--out", str(tmp_path / "o"),
                      "--sandbox", "bwrap"])  # fmt: skip
         assert code == 0 and server.n_requests == 2 + 3  # codex: patch, done; Claude Code: read, write, done

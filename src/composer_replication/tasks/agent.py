@@ -50,6 +50,7 @@ class AgentPolicy:
 
         factory = sandbox if callable(sandbox) else (lambda: make_sandbox(sandbox))
         log_dir.mkdir(parents=True, exist_ok=True)
+        self._offer_tools(harness)
         try:
             r = run_rollout(
                 task, self.chat, rollout_id=rollout_id, log_dir=log_dir, sandbox_factory=factory,
@@ -74,6 +75,18 @@ class AgentPolicy:
             "checks": len(r.checks),
             "protected_touched": r.protected_touched,
         }
+
+    def _offer_tools(self, harness: str | None) -> None:
+        """The harness's tool schemas to the model: an in-process policy that renders them (``tools``), an
+        endpoint's requests (the OpenAI ``tools`` field)."""
+        from composer_replication.datagen.harness import harness_schemas
+
+        tools = harness_schemas(harness)
+        if hasattr(self.chat, "tools"):
+            self.chat.tools = tools
+        extra = getattr(getattr(self.chat, "engine", None), "extra_body", None)
+        if isinstance(extra, dict):
+            extra["tools"] = tools
 
 
 def model_policy(
