@@ -84,10 +84,12 @@ def load_task_set(
 
 
 def task_rows(ts: TaskSet) -> list[dict[str, Any]]:
-    """One TRL row per task: ``prompt`` (``datagen.rollout.task_prompt``) and ``task`` (its name)."""
+    """One TRL row per task: ``prompt`` (``datagen.rollout.task_prompt``), ``task`` (its name) and
+    ``tools`` (the sandbox's four tools, which the shaped reward runs)."""
     from composer_replication.datagen.rollout import task_prompt
+    from composer_replication.datagen.tools import TOOL_SCHEMAS
 
-    return [{"prompt": task_prompt(t), "task": n} for n, t in ts.tasks.items()]
+    return [{"prompt": task_prompt(t), "task": n, "tools": TOOL_SCHEMAS} for n, t in ts.tasks.items()]
 
 
 def phase_rows(task_rows_: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
