@@ -303,7 +303,8 @@ def load_causal_lm(name: str | os.PathLike[str], *, dtype: Any = None) -> Any:
 def load_model_and_tokenizer(
     name: str | os.PathLike[str], *, seed: int = 0, dtype: Any = None
 ) -> tuple[Any, Any]:
-    """(model, tokenizer) for ``tiny`` (built in memory for ``seed``), ``default`` or a model directory.
+    """(model, tokenizer) for ``tiny`` (built in memory for ``seed``), ``default``, a model directory or
+    a LoRA adapter directory (`load_adapter`: merged into its base).
 
     Weights load in ``dtype`` (float32 by default); the tokenizer always has a pad token.
     """
@@ -312,4 +313,34 @@ def load_model_and_tokenizer(
         model = build_tiny_model(tokenizer=tok, seed=seed)
         return (model if dtype is None else model.to(dtype=dtype)), tok
     path = resolve_model(name)
+    if (path / "adapter_config.json").is_file():
+        return load_adapter(path, dtype=dtype)
     return load_causal_lm(path, dtype=dtype), load_tokenizer(path)
+
+
+def load_adapter(path: str | os.PathLike[str], *, dtype: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for a PEFT LoRA adapter directory: its base model (``base_model_name_or_path``
+    in ``adapter_config.json``: a directory, ``default`` or a cached id) with the adapter merged into the
+    weights; the tokenizer is the adapter directory's when it has one, else the base's."""
+    import json
+
+    require("trl", "peft", purpose="loading a LoRA adapter")
+    from peft import PeftModel
+
+    path = Path(path)
+    try:
+        base = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}/adapter_config.json: no readable base_model_name_or_path ({e})") from None
+    if isinstance(base, str) and not Path(base).is_absolute() and (path / base).exists():
+        base = str(path / base)  # a base named relative to the adapter
+    try:
+        base_dir = resolve_model(str(base))
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"{path}: a LoRA adapter over {base!r}, which is not on this machine (fix base_model_name_or_path "
+            "in its adapter_config.json, or pass merged weights)"
+        ) from None
+    model = PeftModel.from_pretrained(load_causal_lm(base_dir, dtype=dtype), str(path)).merge_and_unload()
+    tok_dir = path if (path / "tokenizer_config.json").is_file() else base_dir
+    return model, load_tokenizer(tok_dir)

@@ -16,6 +16,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+# the `tasks` section's stages: disabled in runs without one (the other stages all run)
+TASK_STAGES = ("mine_tasks", "eval_tasks_before", "eval_tasks_after")
 SESSIONS = REPO / "tests" / "data" / "sessions"
 AGREED = '[TOOL_USE] name=Bash input={"command": "git status"}'
 COST_PER_CALL = 0.00125

@@ -9,7 +9,7 @@ from composer_replication.ingestion import read_states
 from composer_replication.pipeline.manifest import Manifest
 
 from ._chromium import chromium_available, images_loaded
-from .conftest import AGREED, COST_PER_CALL, cli, reduced_config
+from .conftest import AGREED, COST_PER_CALL, TASK_STAGES, cli, reduced_config
 
 STAGES = [
     "ingest",
@@ -17,9 +17,12 @@ STAGES = [
     "replay",
     "pairs",
     "normalize",
+    "mine_tasks",
+    "eval_tasks_before",
     "train_offline",
     "train_grpo",
     "evaluate",
+    "eval_tasks_after",
     "report",
 ]
 
@@ -33,7 +36,7 @@ def test_run_status_and_rerun(tmp_path, teacher_server):
 
     m = Manifest.load(run)
     assert [n for n in m.stages] == STAGES
-    assert all(r.status == "done" for r in m.stages.values()), {
+    assert all(r.status == ("disabled" if n in TASK_STAGES else "done") for n, r in m.stages.items()), {
         n: (r.status, r.error) for n, r in m.stages.items()
     }
     assert m.data["config"]["replay"]["max_total_usd"] == 1.0 and m.data["versions"]["torch"]
@@ -72,7 +75,7 @@ def test_run_status_and_rerun(tmp_path, teacher_server):
     # a second run finds everything current: no stage runs, no teacher is called again
     again = cli("run", str(cfg), "--out", str(run))
     assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("up to date, skipped") == len(STAGES)
+    assert again.stdout.count("up to date, skipped") == len(STAGES) - len(TASK_STAGES)
     assert dict(teacher_server.calls) == {m: len(states) for m in ("agree-a", "agree-b", "dissent")}
 
     if chromium_available():

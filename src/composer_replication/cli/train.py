@@ -23,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="override model.path (default | tiny | a directory)")
     p.add_argument("--traces", help="override data.traces")
     p.add_argument("--pairs", help="override data.pairs")
+    p.add_argument("--tasks", metavar="DIR", help="override grpo.tasks: grpo mode on this task directory")
     p.add_argument("--max-steps", type=int, help="override schedule.max_steps")
     p.add_argument("--lr", type=float, help="override optimizer.lr")
     p.add_argument("--seed", type=int, help="override seed")
@@ -54,6 +55,8 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("traces", "pairs"):  # paths on the command line are relative to the working directory
         if getattr(args, name, None):
             out[f"data.{name}"] = str(Path(getattr(args, name)).resolve())
+    if getattr(args, "tasks", None):
+        out["grpo.tasks"] = str(Path(args.tasks).resolve())
     if getattr(args, "no_progress", False):
         out["logging.progress"] = False
     return out

@@ -6,6 +6,7 @@
 - ``config.loss``: the ``loss`` section; SDPO and preference variants chosen by ``type``.
 - ``config.train``: the trainer's ``TrainConfig`` (``load_config``, ``build_config``).
 - ``config.run``: the pipeline's ``RunConfig`` (``load_run_config``), which embeds the trainer's fields.
+- ``config.tasks``: the run's ``tasks`` section (``TasksConfig``): tasks from your sessions, before/after.
 - ``config.replica``: the DiLoCo replica's ``ReplicaConfig`` (``load_replica_config``).
 
 Importable without torch, and imports nothing from the rest of the package: every other layer builds on
@@ -46,6 +47,7 @@ from composer_replication.config.replica import (
     parse_replica_config,
 )
 from composer_replication.config.run import RunConfig, demo_config, load_run_config
+from composer_replication.config.tasks import TasksConfig
 from composer_replication.config.train import (
     CheckpointConfig,
     DataConfig,
@@ -90,6 +92,7 @@ __all__ = [
     "ScheduleConfig",
     "StrictModel",
     "TAIDSDPO",
+    "TasksConfig",
     "GJSDSDPO",
     "EntropyOPDSDPO",
     "DPOPreference",

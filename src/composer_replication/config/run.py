@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field, create_model, field_validator, model_vali
 
 from composer_replication.config.base import StrictModel as _Section
 from composer_replication.config.base import check_base_url, load_file
-from composer_replication.config.train import GRPOSection, TrainConfig, build_config
+from composer_replication.config.tasks import TasksConfig, resolve_task_paths
+from composer_replication.config.train import GRPOSection, TrainConfig, build_config, resolve_task_dir
 
 DOCS = "docs/configuration.md"
 
@@ -191,9 +192,10 @@ class NormalizeConfig(_Section):
 
 
 class GRPOPhaseConfig(GRPOSection):
-    """The optional online phase after the offline one: GRPO-family RL (TRL) with rollouts on the bundled
-    sandbox tasks. Every GRPO setting is here: the algorithm's (the trainer's ``grpo`` section: objective,
-    group size, completion length, reward, ...) and the phase's (``enabled``, ``max_steps``, ``lr``, ``tasks``).
+    """The optional online phase after the offline one: GRPO-family RL (TRL) with rollouts on sandbox tasks
+    (``tasks``: a task directory or bundled task names; unset, the run's ``tasks`` section's, else every
+    bundled task). Every GRPO setting is here: the algorithm's (the trainer's ``grpo`` section: objective,
+    group size, completion length, reward, ...) and the phase's (``enabled``, ``max_steps``, ``lr``).
     The rest of the phase's training settings (optimizer, batch, loss weights) come from ``train``."""
 
     enabled: bool = Field(False, description="Run the online phase after the offline one.")
@@ -207,10 +209,6 @@ class GRPOPhaseConfig(GRPOSection):
         description="Warm-up steps of the online phase; default `train.schedule.warmup_steps`. It must be below "
         "`max_steps` (or 0): a warm-up starts at learning rate 0, so a phase that ends inside it trains at a "
         "fraction of `lr` (a 1-step phase with any warm-up changes no weight).",
-    )
-    tasks: list[str] = Field(
-        default_factory=list,
-        description="Bundled sandbox task names (`datagen.bundled_tasks()`); empty means all.",
     )
 
 
@@ -238,7 +236,8 @@ class EvalConfig(_Section):
     )
     sandbox_tasks: bool = Field(
         True,
-        description="Also measure the pass rate on the bundled sandbox tasks (`grpo.tasks`), one greedy agent rollout per task.",
+        description="Also measure the pass rate on the bundled sandbox tasks `grpo.tasks` names (all of them when it "
+        "names a directory or none), one greedy agent rollout per task; your own tasks: the `tasks` section.",
     )
     sandbox_max_turns: int = Field(3, ge=1, description="Agent turns per sandbox rollout.")
     sandbox_max_new_tokens: int = Field(192, ge=1, description="Tokens per agent turn in sandbox rollouts.")
@@ -273,7 +272,8 @@ else:
 
 
 class RunConfig(_Section):
-    """A whole pipeline run: sessions -> replay -> pairs -> normalize -> train -> evaluate -> report."""
+    """A whole pipeline run: sessions -> replay -> pairs -> normalize -> train -> evaluate -> report
+    (with ``tasks``: mine -> eval before -> train -> eval after on tasks from your sessions)."""
 
     run_dir: str | None = Field(
         None,
@@ -290,6 +290,7 @@ class RunConfig(_Section):
         description="Training (the trainer's `TrainConfig` without `mode` and `model`; `data.traces`/`data.pairs` are set by the pipeline). Used by both phases.",
     )
     grpo: GRPOPhaseConfig = Field(default_factory=GRPOPhaseConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
     evaluate: EvalConfig = Field(default_factory=EvalConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
 
@@ -392,6 +393,8 @@ def _resolve_paths(raw: dict[str, Any], base: Path) -> None:
         src["paths"] = [_resolve(base, p) for p in src["paths"]]
     if isinstance(raw.get("run_dir"), str):
         raw["run_dir"] = _resolve(base, raw["run_dir"])
+    resolve_task_dir(raw, base)
+    resolve_task_paths(raw, base)
 
 
 def load_run_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -153,6 +153,24 @@ class GRPOSection(_Model):
     vllm: VLLMSection | None = Field(
         None, description="generate with vLLM (TRL's use_vllm); None: HF generate"
     )
+    tasks: str | list[str] | None = Field(
+        None,
+        description="sandbox coding tasks to train on, scored by the shaped sandbox reward (the share of the "
+        "task's checks passing plus the format and runs terms): a task directory (`tasks mine --out`, or "
+        "folders in the `task.json` layout; relative to the config file) or a list of bundled task names. "
+        "None: train mode takes its prompts from the data files; `run` uses its `tasks` section's, else every "
+        "bundled task",
+    )
+
+    @field_validator("tasks")
+    @classmethod
+    def _task_dir_exists(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, str) and not Path(v).is_dir():
+            raise ValueError(
+                f"{v}: no such task directory (mine one with `composer-replication tasks mine --out {v}`, or "
+                "list bundled task names)"
+            )
+        return v
 
     @model_validator(mode="after")
     def _vllm_in_one_place(self) -> GRPOSection:
@@ -215,7 +233,11 @@ class TrainConfig(_Model):
         # A caller that brings its own batches (``trainer.batch_stepper``) validates with
         # context={"batches": True}: its config names no data files.
         if self.data.traces is None and self.data.pairs is None and not (info.context or {}).get("batches"):
-            raise ValueError("data: set data.traces and/or data.pairs (paths to traces.jsonl / pairs.jsonl)")
+            if not (self.mode == "grpo" and self.grpo.tasks is not None):
+                raise ValueError(
+                    "data: set data.traces and/or data.pairs (paths to traces.jsonl / pairs.jsonl), or in grpo "
+                    "mode grpo.tasks"
+                )
         return self
 
 
@@ -256,6 +278,8 @@ def grpo_config_problems(
         problems.append(
             "loss.sdpo.on_policy: grpo mode samples with grpo.max_completion_length/temperature; remove it"
         )
+    if not pipeline and cfg.grpo.tasks is not None and "reward" in cfg.grpo.model_fields_set:
+        problems.append("grpo.reward: with grpo.tasks the reward is the shaped sandbox reward; remove it")
     for key in (grpo if grpo is not None else cfg.grpo).overrides:
         if key in GRPO_OWNED_ARGS:
             problems.append(f"grpo.overrides.{key}: set {GRPO_OWNED_ARGS[key]} instead")
@@ -271,6 +295,14 @@ def _resolve_data_paths(data: dict[str, Any], base_dir: Path) -> None:
             value = section.get(key)
             if value and not Path(value).is_absolute():
                 section[key] = str(base_dir / value)
+    resolve_task_dir(data, base_dir)
+
+
+def resolve_task_dir(data: dict[str, Any], base_dir: Path) -> None:
+    """``grpo.tasks`` given as a relative directory, resolved against the config file's directory."""
+    grpo = data.get("grpo")
+    if isinstance(grpo, dict) and isinstance(grpo.get("tasks"), str):
+        grpo["tasks"] = str(base_dir / Path(grpo["tasks"]).expanduser())
 
 
 def build_config(

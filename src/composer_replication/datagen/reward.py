@@ -128,6 +128,7 @@ def make_shaped_reward(
     tool_timeout: float = 20.0,
     kill_switch: Stop | None = None,
     on_protected: OnProtected = "zero",
+    task_sandboxes: Mapping[str, Callable[[], Sandbox]] | None = None,
 ) -> Callable[..., list[float | None]]:
     """A ``reward_funcs`` entry scoring each completion with :func:`score_completion` (module docstring).
 
@@ -138,7 +139,8 @@ def make_shaped_reward(
     ``parts_history`` (the mean of each part per call) and ``reward_hack_attempts`` (completions so
     far that touched a protected path). Sandbox violations go to ``kill_switch`` (a `Stop`:
     ``observe(violation=(kind, detail))``). ``on_protected``: the verifier's policy (``"zero"`` or
-    ``"restore"``, `datagen.verifier`).
+    ``"restore"``, `datagen.verifier`). ``task_sandboxes``: per task name, the sandbox factory its
+    completions and checks run in (a mined task's prepared environment), else ``sandbox_factory``.
     """
     tasks = dict(tasks) if tasks is not None else bundled_tasks()
     factory = sandbox_factory or make_sandbox
@@ -156,13 +158,13 @@ def make_shaped_reward(
             text = completion_text(completion)
             if name not in tasks:
                 raise ValueError(f"dataset row has task={name!r}; known tasks: {sorted(tasks)}")
-            t = tasks[name]
+            t, make = tasks[name], (task_sandboxes or {}).get(name, factory)
             try:
-                with factory() as sb:
+                with make() as sb:
                     put_task_files(sb, t)
                     parts, hint, verdict = _score(
                         sb, t, text, tool_timeout=tool_timeout, kill_switch=kill_switch,
-                        sandbox_factory=factory, on_protected=on_protected,
+                        sandbox_factory=make, on_protected=on_protected,
                     )  # fmt: skip
             except SandboxError as e:
                 rewards.append(stats.record(None, str(e)))

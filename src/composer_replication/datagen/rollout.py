@@ -154,6 +154,7 @@ class RolloutResult:
     harness: str | None = None  # datagen.harness: None (four sandbox tools), "claude_code", "codex"
     end_reason: str = ""  # harness.END_REASONS: "done", "max_turns", "max_tokens", "max_wall_s"
     tokens: int = 0  # tokens the policy generated (its own count when it reports one, else estimated)
+    checks: list[bool] = field(default_factory=list)  # per check of the verdict: did it pass
 
 
 def score_in_sandbox(
@@ -176,6 +177,7 @@ def _record_verdict(result: RolloutResult, verdict: Verdict) -> None:
         raise SandboxError(verdict.infra_error)
     result.reward, result.test_output = (1.0 if verdict.solved else 0.0), verdict.output
     result.protected_touched, result.reward_hack = verdict.protected_touched, verdict.hacked
+    result.checks = [c.passed for c in verdict.checks]
 
 
 def _split_blocks(text: str, calls: list[dict[str, Any]], id_prefix: str = "toolu_") -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The pipeline's online phase: GRPO-family RL (TRL) on the bundled sandbox coding tasks, three channels.
+"""The pipeline's online phase: GRPO-family RL (TRL) on sandbox coding tasks, three channels.
 
 Prompts are the tasks' opening messages as rollouts see them (``wire``: system message with the tools and
 the action format, the instruction with the workspace files). The trainer is the one ``train --mode
@@ -18,75 +18,47 @@ TRL checkpoints every ``train.checkpoint.every_steps`` steps; a rerun resumes fr
 
 What is covered: rewards come only from tests run inside the sandbox (``datagen`` sandboxes: bwrap or
 docker, no network); sandbox violations go to the kill switch, which stops training at the next step.
-What is not covered: the sandbox's own limits (see ``datagen.bwrap_sandbox``), and tasks other than the
-bundled ones.
+The tasks are ``grpo.tasks`` (a task directory, e.g. mined by ``tasks mine``, or bundled task names),
+else the run's ``tasks`` section's, else every bundled task (``trainer.grpo_tasks``, shared with ``train
+--mode grpo``).
+
+What is not covered: the sandbox's own limits (see ``datagen.bwrap_sandbox``).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from composer_replication._io import atomic_write_json
+from composer_replication.trainer.grpo_tasks import phase_rows
+
+__all__ = ["phase_rows", "sandbox_pass_rate", "task_rows", "train_grpo_on_tasks"]
 
 
-def task_rows(names: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The selected bundled tasks and their TRL rows (``datagen.rollout.task_prompt``: the rollouts' prompt)."""
-    from composer_replication.datagen.rollout import task_prompt
-    from composer_replication.datagen.tasks import bundled_tasks
-    from composer_replication.datagen.tools import TOOL_SCHEMAS
+def task_rows(names: list[str] | str | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The tasks ``grpo.tasks`` names (bundled names, or a task directory: ``trainer.grpo_tasks``) and
+    their TRL rows (``datagen.rollout.task_prompt``: the rollouts' prompt)."""
+    from composer_replication.trainer.grpo_tasks import load_task_set
+    from composer_replication.trainer.grpo_tasks import task_rows as rows
 
-    tasks = bundled_tasks()
-    unknown = sorted(set(names) - set(tasks))
-    if unknown:
-        raise ValueError(f"grpo.tasks: unknown task(s) {unknown}; bundled tasks are {sorted(tasks)}")
-    chosen = {n: tasks[n] for n in (names or sorted(tasks))}
-    rows = [{"prompt": task_prompt(t), "task": n, "tools": TOOL_SCHEMAS} for n, t in chosen.items()]
-    return chosen, rows
-
-
-def phase_rows(task_rows_: list[dict[str, Any]], pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Task rows with the mined pairs riding along (``dpo_pair``), one per row in turn: the dataset has
-    ``max(len(tasks), len(pairs))`` rows, so every task and every pair appears."""
-    if not pairs:
-        return [dict(r) for r in task_rows_]
-    n = max(len(task_rows_), len(pairs))
-    return [{**task_rows_[i % len(task_rows_)], "dpo_pair": pairs[i % len(pairs)]} for i in range(n)]
+    ts = load_task_set(names)
+    return ts.tasks, rows(ts)
 
 
 def train_grpo_on_tasks(
-    cfg: Any, *, out_dir: Path, tasks: list[str], resume: bool, kill_switch: Any = None
+    cfg: Any, *, out_dir: Path, tasks: list[str] | str | None, resume: bool, kill_switch: Any = None
 ) -> dict[str, Any]:
-    """Run the online phase with the trainer's ``TrainConfig`` ``cfg`` (mode grpo); writes ``final/``."""
-    from composer_replication.datagen.env import InfraStats
-    from composer_replication.datagen.reward import make_shaped_reward
-    from composer_replication.trainer import offline_data as od
-    from composer_replication.trainer.grpo_build import build_grpo_trainer, check_grpo_config, run_grpo
+    """Run the online phase with the trainer's ``TrainConfig`` ``cfg`` (mode grpo) on ``tasks`` (bundled
+    names, empty or None for all, or a task directory); writes ``final/`` and ``final_metrics.json`` (the
+    summary of ``trainer.grpo_tasks.train_on_tasks``)."""
+    from composer_replication.trainer.grpo_build import check_grpo_config
+    from composer_replication.trainer.grpo_tasks import load_task_set, train_on_tasks
 
     check_grpo_config(cfg, pipeline=True)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    chosen, rows = task_rows(tasks)
-    pairs = od.load_rows(cfg.data.pairs) if cfg.loss.preference.weight > 0 else []
-    stats = InfraStats()
-    reward = make_shaped_reward(chosen, stats=stats, kill_switch=kill_switch)
-    trainer, callbacks = build_grpo_trainer(
-        cfg, phase_rows(rows, pairs), reward, out_dir, kill_switch=kill_switch, pipeline=True
+    summary = train_on_tasks(
+        cfg, load_task_set(tasks), out_dir, resume=resume, kill_switch=kill_switch, pipeline=True
     )
-    final = run_grpo(trainer, callbacks, out_dir, resume=resume, plot=False, final_dir=out_dir / "final")
-    history = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    rewards = [r["reward"] for r in history if r.get("reward") is not None]
-    zero = [r["frac_reward_zero_std"] for r in history if r.get("frac_reward_zero_std") is not None]
-    summary = {"steps": int(final.get("step", 0) or trainer.state.global_step), "tasks": len(chosen),
-               "pairs": len(pairs), "rollouts_scored": stats.scored, "infra_errors": stats.infra_errors,
-               "reward_hack_attempts": stats.reward_hack_attempts,
-               "first_reward": rewards[0] if rewards else None, "last_reward": rewards[-1] if rewards else None,
-               "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-               "mean_frac_reward_zero_std": sum(zero) / len(zero) if zero else None}  # fmt: skip
-    for key in ("sdpo/loss", "sdpo/tokens", "pref/loss"):
-        vals = [r[key] for r in history if r.get(key) is not None]
-        if vals:
-            summary[f"mean_{key.replace('/', '_')}"] = sum(vals) / len(vals)
     atomic_write_json(out_dir / "final_metrics.json", summary)
     return summary
 

@@ -18,10 +18,13 @@ What can fail late, stage by stage, and what is checked for it:
   ``wandb login`` entry in the netrc file) or runs offline (``WANDB_MODE=offline``/``disabled``);
   ``train.logging.plot`` has matplotlib;
 - ``train_grpo`` (``grpo.enabled``): the same, plus trl and datasets import, the GRPO phase's trainer
-  config builds, the ``grpo.tasks`` are bundled tasks, ``grpo.vllm`` has vllm installed (and, in
-  server mode, its server accepts a connection), and a sandbox starts and runs ``true``;
+  config builds, the phase's tasks load (bundled names, or a task directory that already exists),
+  ``grpo.vllm`` has vllm installed (and, in server mode, its server accepts a connection), and a
+  sandbox starts and runs ``true``;
 - ``evaluate``: torch and transformers import; with ``evaluate.sandbox_tasks``, the tasks exist and
   a sandbox starts and runs ``true``;
+- ``mine_tasks``, ``eval_tasks_before``, ``eval_tasks_after`` (the ``tasks`` section): a sandbox starts
+  and runs ``true`` (and the evaluations: torch and transformers import);
 - ``report``: matplotlib imports;
 - disk: the run directory's file system has room for the models the training stages write at the
   least (the merged ``final/`` model of each phase and the full-weight checkpoints they keep:
@@ -114,8 +117,21 @@ def _train(mode: str) -> Callable[[Any], None]:
 
 def _tasks(ctx: Any) -> None:
     from composer_replication.pipeline.grpo_phase import task_rows
+    from composer_replication.pipeline.training import grpo_tasks
 
-    task_rows(list(ctx.config.grpo.tasks))  # ValueError naming grpo.tasks and the bundled ones
+    spec = grpo_tasks(ctx)
+    if isinstance(spec, str) and not Path(spec).is_dir():
+        return  # the run mines them first (mine_tasks)
+    task_rows(spec)  # ValueError naming grpo.tasks and the bundled ones, or a directory without a task
+
+
+def _evaluate_bundled(ctx: Any) -> None:
+    names = ctx.config.grpo.tasks
+    if ctx.config.evaluate.sandbox_tasks:
+        from composer_replication.pipeline.grpo_phase import task_rows
+
+        task_rows(names if isinstance(names, list) else [])
+        _sandbox(ctx)
 
 
 def _vllm(ctx: Any) -> None:
@@ -160,12 +176,6 @@ def _sandbox(ctx: Any) -> None:
 
 def _evaluate_models(ctx: Any) -> None:
     _imports("hf", "torch", "transformers")
-
-
-def _evaluate_sandbox(ctx: Any) -> None:
-    if ctx.config.evaluate.sandbox_tasks:
-        _tasks(ctx)
-        _sandbox(ctx)
 
 
 def _plot(ctx: Any) -> None:
@@ -243,7 +253,10 @@ CHECKS: dict[str, tuple[Callable[[Any], None], ...]] = {
     "normalize": (_normalize,),
     "train_offline": (_train("offline"), check_trackers, _plot),
     "train_grpo": (_train("grpo"), check_trackers, _plot, _tasks, _vllm, _sandbox),
-    "evaluate": (_evaluate_models, _evaluate_sandbox),
+    "evaluate": (_evaluate_models, _evaluate_bundled),
+    "mine_tasks": (_sandbox,),
+    "eval_tasks_before": (_evaluate_models, _sandbox),
+    "eval_tasks_after": (_evaluate_models, _sandbox),
     "report": (_report,),
 }
 

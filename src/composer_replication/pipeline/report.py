@@ -22,6 +22,7 @@ from composer_replication._io import atomic_write_text, read_jsonl
 from composer_replication.pipeline.learning import RECOVERY_SOURCE, eval_rates
 from composer_replication.pipeline.manifest import Manifest
 from composer_replication.pipeline.report_html import page
+from composer_replication.pipeline.task_stages import read_task_eval
 from composer_replication.trainer.plots import pyplot
 
 LOSS_KEYS = ("total", "lm_ce", "sdpo_jsd", "trace_replay_dpo", "loss")
@@ -134,6 +135,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "teacher_pairs": pairs_summary.get("pairs"),
         "pairs_trained": norm_summary.get("pairs_out"),
         "eval": json.loads(eval_path.read_text()) if eval_path.exists() else None,
+        "tasks": read_task_eval(run_dir),
     }
 
 

@@ -192,6 +192,8 @@ def pairs_section(d: dict[str, Any]) -> list[str]:
 
 
 def page(title: str, d: dict[str, Any], figs: list[tuple[str, str]]) -> str:
+    from composer_replication.pipeline.task_report import run_section
+
     m: Manifest = d["manifest"]
     stage_rows = []
     for name, rec in m.stages.items():
@@ -205,6 +207,7 @@ def page(title: str, d: dict[str, Any], figs: list[tuple[str, str]]) -> str:
         f"<p>Run directory <code>{esc(str(m.run_dir))}</code>, generated {esc(stamp)}.</p>",
         *learning_section(d, m),
         *(evaluation_section(d["eval"]) if d["eval"] else []),
+        *run_section(d.get("tasks")),
         "<h2>Stages</h2>",
         table(["stage", "status", "summary", "error"], stage_rows),
         *spend_section(d, m),

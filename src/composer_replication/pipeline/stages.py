@@ -12,6 +12,7 @@ with fixed file names in the run directory, so the runner can hash inputs and ou
     train/offline/ final/ checkpoints metrics.jsonl
     train/grpo/    final/ checkpoints metrics.jsonl
     eval/          eval.json generations.jsonl
+    tasks/         mined/ eval_before/ eval_after/ before_after.json   (``tasks`` section: ``pipeline.task_stages``)
     report/        report.html *.png
 """
 
@@ -31,6 +32,13 @@ from composer_replication.pipeline.replay_stages import (
     teacher_specs,
 )
 from composer_replication.pipeline.runner import RunContext, Runner, Stage
+from composer_replication.pipeline.task_stages import (
+    eval_after_stage,
+    eval_before_stage,
+    mine_stage,
+    task_dir,
+    tasks_enabled,
+)
 from composer_replication.pipeline.training import (
     final_model_dir,
     sandbox_pass_rate,
@@ -171,6 +179,11 @@ def _p(*parts: str):  # an inputs/outputs function over fixed run-dir paths
     return lambda ctx: [ctx.path(*x.split("/")) for x in parts]
 
 
+def _tasks_in(ctx: RunContext) -> list[Path]:  # the run's task directory, when it has one
+    d = task_dir(ctx.config, ctx.run_dir)
+    return [d] if d is not None else []
+
+
 def build_stages() -> list[Stage]:
     """The stages in order. Each names the config sections that decide its output (its cache key)."""
     return [
@@ -220,6 +233,24 @@ def build_stages() -> list[Stage]:
             description="data-juicer dedup and filters",
         ),
         Stage(
+            "mine_tasks",
+            ("tasks",),
+            lambda ctx: [Path(p) for p in ctx.config.tasks.sessions],
+            _p("tasks/mined"),
+            mine_stage,
+            enabled=lambda cfg: bool(cfg.tasks.sessions),
+            description="tasks from your sessions and their repositories, validated in the sandbox",
+        ),
+        Stage(
+            "eval_tasks_before",
+            ("student", "tasks"),
+            _tasks_in,
+            _p("tasks/eval_before/eval.json"),
+            eval_before_stage,
+            enabled=tasks_enabled,
+            description="the student on your tasks",
+        ),
+        Stage(
             "train_offline",
             ("student", "train"),
             _p("split/train_traces.jsonl", "normalize/pairs.jsonl"),
@@ -230,7 +261,7 @@ def build_stages() -> list[Stage]:
         Stage(
             "train_grpo",
             ("student", "train", "grpo"),
-            _p("train/offline/final"),
+            lambda ctx: [ctx.path("train", "offline", "final"), *_tasks_in(ctx)],
             _p("train/grpo/final"),
             train_grpo_stage,
             enabled=lambda cfg: cfg.grpo.enabled,
@@ -249,9 +280,19 @@ def build_stages() -> list[Stage]:
             description="held-out recovery and sandbox pass rate, before/after",
         ),
         Stage(
+            "eval_tasks_after",
+            ("student", "train", "grpo", "tasks"),
+            lambda ctx: [*_tasks_in(ctx), final_model_dir(ctx), ctx.path("tasks", "eval_before", "eval.json")],
+            _p("tasks/eval_after/eval.json", "tasks/before_after.json"),
+            eval_after_stage,
+            enabled=tasks_enabled,
+            description="the trained model on your tasks, paired with the student",
+        ),
+        Stage(
             "report",
             ("report",),
-            _p("eval/eval.json", "pairs/per_teacher.json", "replay/teacher_calls.jsonl", "train"),
+            _p("eval/eval.json", "pairs/per_teacher.json", "replay/teacher_calls.jsonl", "train",
+               "tasks/before_after.json"),  # fmt: skip
             _p("report/report.html"),
             _report,
             description="report.html with plots",

@@ -63,13 +63,14 @@ def _nonempty(p: Path) -> bool:
 
 
 def sandbox_pass_rate(ctx: RunContext, model_dir: Path) -> dict[str, Any]:
-    """Greedy agent rollouts on the bundled tasks, checked by their tests in the sandbox."""
+    """Greedy agent rollouts on the bundled tasks ``grpo.tasks`` names (all when it names a directory),
+    checked by their tests in the sandbox."""
     from composer_replication.pipeline.evaluate import model_fingerprint
     from composer_replication.pipeline.grpo_phase import sandbox_pass_rate as rate
 
-    ec = ctx.config.evaluate
+    ec, names = ctx.config.evaluate, ctx.config.grpo.tasks
     out = ctx.path("eval", "rollouts", model_fingerprint(model_dir))
-    return rate(model_dir, out, tasks=ctx.config.grpo.tasks, max_turns=ec.sandbox_max_turns,
+    return rate(model_dir, out, tasks=names if isinstance(names, list) else [], max_turns=ec.sandbox_max_turns,
                 max_new_tokens=ec.sandbox_max_new_tokens, stop=ctx.stop)  # fmt: skip
 
 
@@ -81,6 +82,19 @@ def train_grpo_stage(ctx: RunContext) -> dict[str, Any]:
         shutil.rmtree(out)
     cfg = train_config(ctx, "grpo")
     summary = train_grpo_on_tasks(
-        cfg, out_dir=out, tasks=ctx.config.grpo.tasks, resume=True, kill_switch=ctx.stop
+        cfg, out_dir=out, tasks=grpo_tasks(ctx), resume=True, kill_switch=ctx.stop
     )
     return {k: v for k, v in summary.items() if v is not None}
+
+
+def grpo_tasks(ctx: RunContext) -> list[str] | str | None:
+    """What the GRPO phase trains on: ``grpo.tasks``, else the run's tasks (``tasks`` section, with
+    ``tasks.train``), else None (every bundled task)."""
+    from composer_replication.config.tasks import run_task_dir
+
+    g, tc = ctx.config.grpo, ctx.config.tasks
+    if g.tasks is not None:
+        return g.tasks
+    if tc.enabled and tc.train:
+        return str(run_task_dir(ctx.config, ctx.run_dir))
+    return None

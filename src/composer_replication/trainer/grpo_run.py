@@ -9,6 +9,9 @@ the pair, so the DPO channel trains on it) and each tool-error site of a trace (
   teachers' consensus for pair rows, the student's own recovery for error-site rows), else half the
   ``difflib`` similarity of the two action texts;
 - ``tool_format``: 1.0 when the completion parses as at least one tool call (``wire``), else 0.
+
+With ``grpo.tasks`` (a task directory or bundled task names) the prompts are those tasks and the reward
+is the shaped sandbox reward instead (``trainer.grpo_tasks``); the pairs of ``data.pairs`` ride along.
 """
 
 from __future__ import annotations
@@ -115,6 +118,10 @@ def train_grpo(
     check_grpo_config(cfg)  # before any model loads
     preflight(cfg)
     with wire.use_format(cfg.data.wire_format):
+        if cfg.grpo.tasks is not None:  # sandbox tasks, the shaped reward (trainer.grpo_tasks)
+            from composer_replication.trainer.grpo_tasks import train_tasks_mode
+
+            return train_tasks_mode(cfg, Path(out_dir), resume=resume, kill_switch=kill_switch, merge=merge)
         return _train_grpo(cfg, Path(out_dir), resume=resume, kill_switch=kill_switch, merge=merge)
 
 
