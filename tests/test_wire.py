@@ -42,8 +42,15 @@ def _tokenizer(name: str):
     return AutoTokenizer.from_pretrained(models.resolve_default_model())
 
 
-@pytest.mark.parametrize("tok_name", ["tiny", "qwen", "smollm2"])
-def test_same_state_same_prompt_ids_in_training_grpo_and_evaluation(ingested, tok_name):
+@pytest.mark.parametrize(
+    ("tok_name", "fmt"), [("tiny", "native"), ("qwen", "native"), ("smollm2", "native"), ("tiny", "text")]
+)
+def test_same_state_same_prompt_ids_in_training_grpo_and_evaluation(ingested, tok_name, fmt):
+    with wire.use_format(fmt):
+        _same_ids(ingested, tok_name, fmt)
+
+
+def _same_ids(ingested, tok_name, fmt):
     from composer_replication import encoding
     from composer_replication.pipeline.evaluate import is_error_site, prompt_ids
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
@@ -80,6 +87,9 @@ def test_same_state_same_prompt_ids_in_training_grpo_and_evaluation(ingested, to
             wire.response_text(tok, recovery, wire.trace_tool_schemas(state))
         )
         assert wire.canonical_action(recovery) == wire.canonical_action(state["student_action"])
+        shown = tok.decode(ev)  # what the model is shown: its tools and calls in the active format
+        assert ("<tool_call>" in shown and "# Tools" in shown) == (fmt == "native")
+        assert ("[TOOL_USE] name=" in shown and "[TOOL_RESULT name=" in shown) == (fmt == "text")
         checked[state["source"]] += 1
     assert checked == {"claude_code": 2, "codex": 2}
 
