@@ -51,9 +51,16 @@ def request_tools(state: Mapping[str, Any]) -> list[dict[str, Any]]:
     return tool_schemas.tools_for(state.get("source"), seen) if seen else []
 
 
+_HARNESS_TOOLS = {"claude_code": tool_schemas.CLAUDE_CODE_TOOLS, "codex": tool_schemas.CODEX_TOOLS}
+
+
 def tool_names(state: Mapping[str, Any]) -> tuple[str, ...]:
-    """The names of :func:`request_tools`: a teacher's call to any other tool is malformed."""
-    return tuple(tool_schemas.tool_names(request_tools(state)))
+    """The tools a teacher may call: those of :func:`request_tools` and every standard tool of the
+    session's harness (a session's schemas list the tools it used, but its harness offered them all, so
+    a teacher's ``Bash`` in a session that never ran one is a real action); any other tool is malformed."""
+    names = dict.fromkeys(tool_schemas.tool_names(request_tools(state)))
+    names.update(dict.fromkeys(_HARNESS_TOOLS.get(str(state.get("source")), {})))
+    return tuple(names)
 
 
 def _paired(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
