@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -112,6 +113,18 @@ class JsonlAppender:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def swap_in_dir(tmp: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    """Move the finished folder ``tmp`` to ``target``, replacing what was there: the old folder is moved
+    aside first and removed only once the new one is in place, so a crash leaves one of the two whole."""
+    tmp, target = Path(tmp), Path(target)
+    old = target.with_name(f".{target.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        os.replace(target, old)
+    os.replace(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def read_jsonl(

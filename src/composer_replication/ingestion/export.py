@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication import wire
+from composer_replication._io import swap_in_dir
 
 FORMATS = ("openai", "hf-agent-traces")
 HARNESS = "composer-replication"
@@ -143,12 +144,7 @@ def export_dataset(
         else:
             n = _write_sessions(root, tmp, system)
         (tmp / "README.md").write_text(_card(fmt, n), encoding="utf-8")
-        old = out.with_name(f".{out.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_in_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

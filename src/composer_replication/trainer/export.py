@@ -24,11 +24,12 @@ optimizer, ``final/`` never holds it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from composer_replication._io import swap_in_dir
 
 __all__ = ["ExportedModel", "base_dir", "describe", "export_checkpoint", "export_model", "usage"]
 
@@ -45,15 +46,6 @@ class ExportedModel:
 
 def _is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config") and callable(getattr(model, "merge_and_unload", None))
-
-
-def _swap_in(tmp: Path, target: Path) -> None:
-    old = target.with_name(f".{target.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        os.replace(target, old)
-    os.replace(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _save_base(peft_model: Any, directory: Path) -> None:
@@ -135,7 +127,7 @@ def export_model(
             model.save_pretrained(tmp)
         _save_tokenizer(tokenizer, tmp)
         _save_generation_config(model, tokenizer, tmp)
-        _swap_in(tmp, target)
+        swap_in_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
