@@ -23,9 +23,9 @@ from pydantic_core import PydanticUndefined
 def _type_name(t: Any) -> str:
     origin = typing.get_origin(t)
     if origin is typing.Literal:
-        return " \\| ".join(f"`{json.dumps(a)}`" for a in typing.get_args(t))
+        return " | ".join(f"`{json.dumps(a)}`" for a in typing.get_args(t))
     if origin in (typing.Union, types.UnionType):
-        return " \\| ".join(_type_name(a) for a in typing.get_args(t))
+        return " | ".join(_type_name(a) for a in typing.get_args(t))
     if origin is not None:
         args = ", ".join(_type_name(a) for a in typing.get_args(t))
         return f"{getattr(origin, '__name__', str(origin))}[{args}]"
@@ -63,9 +63,7 @@ def _default(field: Any) -> str:
         v = field.default_factory()
     else:
         return "**required**"
-    if isinstance(v, BaseModel):
-        return "(section)"
-    return f"`{json.dumps(v, default=str)}`"
+    return f"default `{json.dumps(v, default=str)}`"
 
 
 def _constraints(field: Any) -> str:
@@ -78,15 +76,24 @@ def _constraints(field: Any) -> str:
     return ", ".join(out)
 
 
-def _section(model: type[BaseModel], path: str, out: list[str], seen: set[str], variant: str = "") -> None:
+def _anchor(key: str) -> str:
+    return key.replace(".", "").replace("[]", "")
+
+
+def _one_line(text: str | None) -> str:
+    return " ".join(line.strip() for line in (text or "").strip().splitlines())
+
+
+def _section(
+    model: type[BaseModel], path: str, out: list[str], seen: set[str], variant: str = "", lead: str = ""
+) -> None:
+    """One section: its heading, what it is, one line per key, then the sections it holds."""
     title = f"`{path}`" + (f" with `type: {variant}`" if variant else "")
-    out.append(f"\n## {title}\n" if path else "\n## Top level\n")
-    doc = (model.__doc__ or "").strip()
+    out.append(f"## {title}" if path else "## Top level")
+    doc = " ".join(x for x in (lead, _one_line(model.__doc__)) if x)
     if doc:
-        out.append(" ".join(line.strip() for line in doc.splitlines()) + "\n")
-    out.append("| key | type | default | bounds | description |")
-    out.append("|---|---|---|---|---|")
-    nested: list[tuple[str, type[BaseModel]]] = []
+        out.append(doc)
+    nested: list[tuple[str, type[BaseModel], str]] = []
     list_items: list[tuple[str, type[BaseModel]]] = []
     variants: list[tuple[str, type[BaseModel], str]] = []
     for name, f in model.model_fields.items():
@@ -94,28 +101,36 @@ def _section(model: type[BaseModel], path: str, out: list[str], seen: set[str], 
             continue  # in the heading
         sub = _nested_model(f.annotation)
         key = f"{path}.{name}" if path else name
-        desc = (f.description or "").replace("|", "\\|").replace("\n", " ")
+        desc = _one_line(f.description)
         if _variants(f.annotation):
             names = [_variant_name(m) for m in _variants(f.annotation)]
             variants += [(key, m, n) for m, n in zip(_variants(f.annotation), names)]
-            links = ", ".join(
-                f"[`{n}`](#{key.replace('.', '')}-with-type-{n.replace('_', '')})" for n in names
+            links = ", ".join(f"[`{n}`](#{_anchor(key)}-with-type-{n})" for n in names)
+            default = _variant_name(type(f.default_factory()))
+            out.append(
+                f"- `{name}` (section; default `type: {default}`): {desc}; the fields of each: {links}"
             )
-            default = f"`type: {_variant_name(type(f.default_factory()))}`"
-            out.append(f"| `{name}` | section | {default} |  | {desc}; the fields of each: {links} |")
             continue
         if sub is not None:
-            nested.append((key, sub))
-            desc = f"see [`{key}`](#{key.replace('.', '')})" + (f". {desc}" if desc else "")
-        elif typing.get_origin(f.annotation) is list and any(
+            nested.append((key, sub, desc))
+            continue
+        if typing.get_origin(f.annotation) is list and any(
             _nested_model(a) for a in typing.get_args(f.annotation)
         ):
             item = next(_nested_model(a) for a in typing.get_args(f.annotation) if _nested_model(a))
             list_items.append((f"{key}[]", item))
-            desc += f" Each item: see [`{key}[]`](#{key.replace('.', '')})."
-        out.append(f"| `{name}` | {_type_name(f.annotation)} | {_default(f)} | {_constraints(f)} | {desc} |")
-    for key, sub in [*nested, *list_items]:
+            desc += f" Each item: see [`{key}[]`](#{_anchor(key)})."
+        spec = "; ".join(x for x in (_type_name(f.annotation), _default(f), _constraints(f)) if x)
+        out.append(f"- `{name}` ({spec}): {desc}".rstrip(": ").rstrip())
+    if nested:
+        out.append("- Sections: " + ", ".join(f"[`{k}`](#{_anchor(k)})" for k, _, _ in nested))
+    out.append("")
+    for key, sub, desc in nested:
         if key not in seen:  # a section shared by variants is listed once
+            seen.add(key)
+            _section(sub, key, out, seen, lead=desc)
+    for key, sub in list_items:
+        if key not in seen:
             seen.add(key)
             _section(sub, key, out, seen)
     for key, sub, name in variants:
@@ -136,10 +151,11 @@ def main() -> int:
         "naming the file and the field). Relative paths resolve against the config file's directory.",
         "`--set KEY=VALUE` overrides one field (`--set train.schedule.max_steps=2`), `--max-usd` the spend cap.",
         "Worked examples: `examples/cpu.yaml`, `examples/gpu.yaml`, `examples/diloco_modal.yaml`, and the",
-        "demo's own `src/composer_replication/data/demo.yaml`.",
+        "demo's own `src/composer_replication/data/demo.yaml`. Each key reads `name` (type; default; bounds).",
+        "",
     ]
     _section(RunConfig, "", out, set())
-    sys.stdout.write("\n".join(out) + "\n")
+    sys.stdout.write("\n".join(out).rstrip("\n") + "\n")
     return 0
 
 
