@@ -84,27 +84,53 @@ def _one_line(text: str | None) -> str:
     return " ".join(line.strip() for line in (text or "").strip().splitlines())
 
 
+def _same(a: Any, b: Any) -> bool:
+    return (a.annotation, a.description, _default(a), _constraints(a)) == (
+        b.annotation,
+        b.description,
+        _default(b),
+        _constraints(b),
+    )
+
+
+def _common(models: list[type[BaseModel]]) -> dict[str, Any]:
+    """The fields every variant of a union has alike (listed once, in the union's own section)."""
+    first = models[0].model_fields
+    return {
+        n: f
+        for n, f in first.items()
+        if n != "type" and all(n in m.model_fields and _same(m.model_fields[n], f) for m in models[1:])
+    }
+
+
 def _section(
-    model: type[BaseModel], path: str, out: list[str], seen: set[str], variant: str = "", lead: str = ""
+    model: type[BaseModel],
+    path: str,
+    out: list[str],
+    seen: set[str],
+    variant: str = "",
+    lead: str = "",
+    fields: dict[str, Any] | None = None,
 ) -> None:
     """One section: its heading, what it is, one line per key, then the sections it holds."""
     title = f"`{path}`" + (f" with `type: {variant}`" if variant else "")
     out.append(f"## {title}" if path else "## Top level")
-    doc = " ".join(x for x in (lead, _one_line(model.__doc__)) if x)
+    doc = " ".join(x for x in (lead, "" if fields is not None else _one_line(model.__doc__)) if x)
     if doc:
         out.append(doc)
     nested: list[tuple[str, type[BaseModel], str]] = []
     list_items: list[tuple[str, type[BaseModel]]] = []
-    variants: list[tuple[str, type[BaseModel], str]] = []
-    for name, f in model.model_fields.items():
-        if variant and name == "type":
-            continue  # in the heading
+    variants: list[tuple[str, list[type[BaseModel]], list[str]]] = []
+    skip = set(_common([model, *_variants_of.get(path, [])])) if variant else set()
+    for name, f in (fields if fields is not None else model.model_fields).items():
+        if variant and (name == "type" or name in skip):
+            continue  # in the heading, or in the union's own section
         sub = _nested_model(f.annotation)
         key = f"{path}.{name}" if path else name
         desc = _one_line(f.description)
         if _variants(f.annotation):
             names = [_variant_name(m) for m in _variants(f.annotation)]
-            variants += [(key, m, n) for m, n in zip(_variants(f.annotation), names)]
+            variants.append((key, _variants(f.annotation), names))
             links = ", ".join(f"[`{n}`](#{_anchor(key)}-with-type-{n})" for n in names)
             default = _variant_name(type(f.default_factory()))
             out.append(
@@ -133,8 +159,17 @@ def _section(
         if key not in seen:
             seen.add(key)
             _section(sub, key, out, seen)
-    for key, sub, name in variants:
-        _section(sub, key, out, seen, variant=name)
+    for key, models, names in variants:
+        common = _common(models)
+        _variants_of[key] = models
+        links = ", ".join(f"[`{n}`](#{_anchor(key)}-with-type-{n})" for n in names)
+        _section(models[0], key, out, seen, lead=f"The keys every `type` has ({links}).", fields=common)
+        for sub, name in zip(models, names):
+            back = f"Also the keys of [`{key}`](#{_anchor(key)})." if common else ""
+            _section(sub, key, out, seen, variant=name, lead=back)
+
+
+_variants_of: dict[str, list[type[BaseModel]]] = {}
 
 
 def main() -> int:
