@@ -148,7 +148,7 @@ def _section(
             desc += f" Each item: see [`{key}[]`](#{_anchor(key)})."
         spec = "; ".join(x for x in (_type_name(f.annotation), _default(f), _constraints(f)) if x)
         out.append(f"- `{name}` ({spec}): {desc}".rstrip(": ").rstrip())
-    if nested:
+    if nested and not path:  # a table of contents at the top; nested sections follow their parent
         out.append("- Sections: " + ", ".join(f"[`{k}`](#{_anchor(k)})" for k, _, _ in nested))
     out.append("")
     for key, sub, desc in nested:
