@@ -47,7 +47,7 @@ def task_rows(names: list[str] | str | None) -> tuple[dict[str, Any], list[dict[
 
 
 def train_grpo_on_tasks(
-    cfg: Any, *, out_dir: Path, tasks: list[str] | str | None, resume: bool, kill_switch: Any = None
+    cfg: Any, *, out_dir: Path, tasks: list[str] | str | None, resume: bool, stop: Any = None
 ) -> dict[str, Any]:
     """Run the online phase with the trainer's ``TrainConfig`` ``cfg`` (mode grpo) on ``tasks`` (bundled
     names, empty or None for all, or a task directory); writes ``final/`` and ``final_metrics.json`` (the
@@ -56,9 +56,7 @@ def train_grpo_on_tasks(
     from composer_replication.trainer.grpo_tasks import load_task_set, train_on_tasks
 
     check_grpo_config(cfg, pipeline=True)
-    summary = train_on_tasks(
-        cfg, load_task_set(tasks), out_dir, resume=resume, kill_switch=kill_switch, pipeline=True
-    )
+    summary = train_on_tasks(cfg, load_task_set(tasks), out_dir, resume=resume, stop=stop, pipeline=True)
     atomic_write_json(out_dir / "final_metrics.json", summary)
     return summary
 
