@@ -67,7 +67,7 @@ def test_any_stop_combines_stop_and_kill_switch(tmp_path):
     from composer_replication.safety import any_stop
 
     assert any_stop() is NEVER and any_stop(None, None) is NEVER
-    with KillSwitch(handle_signals=False, stop_file=tmp_path / "STOP", max_spend_usd=1.0) as switch:
+    with KillSwitch(handle_signals=False, stop_file=tmp_path / "STOP", max_total_usd=1.0) as switch:
         assert any_stop(None, switch) is switch  # one given: that one, as as_stop makes it
         polls = []
 
@@ -134,3 +134,26 @@ def test_the_stop_is_called_stop_everywhere_in_src():
         bad += [f"{rel}: {hit}" for hit in kill_switch_names(path.read_text(encoding="utf-8"))
                 if hit.split()[0] not in allowed]  # fmt: skip
     assert not bad, "take the stop as `stop=` (a safety.Stop), not `kill_switch`:\n" + "\n".join(bad)
+
+
+def test_one_spend_cap_name_and_one_default():
+    """The cap is ``max_total_usd`` everywhere (``--max-usd`` on the command line); its 5.0 default lives
+    in ``config.run.MAX_TOTAL_USD`` alone (a literal default other than 0, "no paid calls", is a copy)."""
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = str(path.relative_to(SRC))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Name, ast.Attribute, ast.arg, ast.keyword)):
+                name = getattr(node, "id", None) or getattr(node, "attr", None) or getattr(node, "arg", None)
+                if name == "max_spend_usd":
+                    bad.append(f"{rel} line {node.lineno}: max_spend_usd (call it max_total_usd)")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                pos = list(zip(a.args[len(a.args) - len(a.defaults) :], a.defaults, strict=True))
+                for arg, default in [*pos, *zip(a.kwonlyargs, a.kw_defaults, strict=True)]:
+                    literal = isinstance(default, ast.Constant) and default.value not in (0, 0.0, None)
+                    if arg.arg == "max_total_usd" and literal:
+                        bad.append(
+                            f"{rel} line {node.lineno}: max_total_usd={default.value} (use MAX_TOTAL_USD)"
+                        )
+    assert not bad, "\n".join(bad)
