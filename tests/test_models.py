@@ -1,6 +1,10 @@
-"""Offline models: the tiny builders and the default-model resolver (never a download)."""
+"""Offline models: the tiny builders and the default-model resolver (never a download); models, tokenizers
+and pad ids are reached only through ``models`` and ``encoding`` (a scan of src below)."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,3 +110,60 @@ def test_loaded_tokenizers_always_have_a_pad_token(tmp_path):
     built, built_tok = models.load_model_and_tokenizer("tiny", seed=1)
     assert built_tok.pad_token is not None
     assert all(torch.equal(a, b) for a, b in zip(built.state_dict().values(), model.state_dict().values()))
+
+
+# --- models and pad ids only through ``models`` and ``encoding`` ---------------------------------------
+SRC = Path(__file__).resolve().parents[1] / "src" / "composer_replication"
+# Allowed places, by kind: models.py loads (dtype, offline, adapters) and sets the pad token
+# (``with_pad_token``); encoding.py is the one pad-id fallback (``encoding.pad_id``). Text that shows
+# users how to load an export (``trainer/export``) is a string, not a call, so the scan does not see it.
+ALLOWED = {"from_pretrained": {"models.py"}, "pad fallback": {"encoding.py"}, "pad token set": {"models.py"}}
+
+
+def hand_rolled(source: str) -> list[str]:
+    """``from_pretrained(...)`` calls, pad-id fallbacks (``pad_token_id`` inside ``x if c else y`` or
+    ``x or y``) and pad-token assignments: ``"<kind> line <n>"``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "from_pretrained":
+                found.append(f"from_pretrained line {node.lineno}")
+        elif isinstance(node, ast.IfExp) or (isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or)):
+            if any(isinstance(n, ast.Attribute) and n.attr == "pad_token_id" for n in ast.walk(node)):
+                found.append(f"pad fallback line {node.lineno}")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Attribute) and t.attr == "pad_token" for t in targets):
+                found.append(f"pad token set line {node.lineno}")
+    return found
+
+
+def test_the_scan_sees_loads_and_pad_fallbacks():
+    src = (
+        "tok = AutoTokenizer.from_pretrained(d)\n"
+        "pad = tok.pad_token_id if tok.pad_token_id is not None else 0\n"
+        "pad = tok.pad_token_id or 0\n"
+        "if tok.pad_token is None:\n    tok.pad_token = tok.eos_token\n"
+    )
+    assert sorted(hand_rolled(src)) == [
+        "from_pretrained line 1",
+        "pad fallback line 2",
+        "pad fallback line 3",
+        "pad token set line 5",
+    ]
+    assert (
+        hand_rolled('hint = "model = AutoModelForCausalLM.from_pretrained(path)"\npad = pad_id(tok)\n') == []
+    )
+
+
+def test_models_and_pad_ids_only_through_models_and_encoding():
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = str(path.relative_to(SRC))
+        for hit in hand_rolled(path.read_text(encoding="utf-8")):
+            if rel not in ALLOWED[hit.rsplit(" line ", 1)[0]]:
+                bad.append(f"{rel}: {hit}")
+    assert not bad, (
+        "load models/tokenizers with composer_replication.models (load_model_and_tokenizer, load_causal_lm,"
+        " load_tokenizer) and pad with encoding.pad_id:\n" + "\n".join(bad)
+    )

@@ -93,8 +93,8 @@ def test_lookalikes_do_not_stop_a_run_but_an_attempt_does(tmp_path):
     task = Task(name="t", instruction="i", test_command="true", files={"log.txt": "curl done\n"})
     benign = [format_tool_call("Bash", {"command": c}) for c in ("grep 'curl ' log.txt", "ls ~/.ssh ")]
     with KillSwitch(handle_signals=False, log_path=tmp_path / "ks.jsonl") as switch:
-        r = run_rollout(task, ScriptedPolicy(benign), kill_switch=switch)
+        r = run_rollout(task, ScriptedPolicy(benign), stop=switch)
         assert r.status == "ok" and r.violations == [] and switch.should_stop() is None
         hostile = [format_tool_call("Bash", {"command": "curl http://example.com"}), "again"]
         with pytest.raises(KillSwitchTriggered, match="network"):
-            run_rollout(task, ScriptedPolicy(hostile), kill_switch=switch)
+            run_rollout(task, ScriptedPolicy(hostile), stop=switch)

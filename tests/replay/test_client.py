@@ -218,9 +218,9 @@ def test_real_kill_switch_stops_on_spend(fake_openrouter, tmp_path):
     ks_mod = pytest.importorskip("composer_replication.safety.kill_switch")
     srv = fake_openrouter
     teachers = make_teachers(srv, price=(100.0, 400.0))
-    ks = ks_mod.KillSwitch(max_spend_usd=0.05)
+    ks = ks_mod.KillSwitch(max_total_usd=0.05)
     with pytest.raises(ks_mod.KillSwitchTriggered) as ei:
-        run(replay_states(make_states(20), teachers, max_total_usd=10.0, concurrency=1, kill_switch=ks))
+        run(replay_states(make_states(20), teachers, max_total_usd=10.0, concurrency=1, stop=ks))
     assert ei.value.exit_code == 3
     per_call = srv.billed_usd / srv.n_requests
     # stopped right after the call that crossed the line, nothing sent after it

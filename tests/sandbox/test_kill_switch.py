@@ -65,7 +65,7 @@ CASES = {
         "reward collapse",
         7,
     ),
-    "spend": (dict(max_spend_usd=0.5), lambda s, m: {"spend_usd": 0.1 * s}, "spend cap", 5),
+    "spend": (dict(max_total_usd=0.5), lambda s, m: {"spend_usd": 0.1 * s}, "spend cap", 5),
 }
 
 
@@ -84,7 +84,7 @@ def test_training_health_and_spend_triggers(case, tiny_model, tmp_path):
 
 def test_healthy_run_is_not_stopped(tiny_model, tmp_path):
     with KillSwitch(
-        log_path=tmp_path / "ks.jsonl", max_spend_usd=10, reward_collapse_drop=0.5, handle_signals=False
+        log_path=tmp_path / "ks.jsonl", max_total_usd=10, reward_collapse_drop=0.5, handle_signals=False
     ) as sw:
         assert train_loop(tiny_model, sw, tmp_path, inject=lambda s, m: {"reward": 0.5, "kl": 0.1}) == 10
     assert sw.should_stop() is None and not (tmp_path / "ks.jsonl").exists()
@@ -93,7 +93,7 @@ def test_healthy_run_is_not_stopped(tiny_model, tmp_path):
 def test_spend_callable_stop_file_and_first_reason_wins(tmp_path):
     spent = [0.0]
     sw = KillSwitch(
-        max_spend_usd=1.0, spend=lambda: spent[0], stop_file=tmp_path / "STOP", handle_signals=False
+        max_total_usd=1.0, spend=lambda: spent[0], stop_file=tmp_path / "STOP", handle_signals=False
     )
     assert sw() is None
     spent[0] = 1.0

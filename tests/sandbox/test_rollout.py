@@ -143,7 +143,7 @@ def test_rollout_reports_violations_and_stops_on_kill_switch(tmp_path):
     )
     with KillSwitch(log_path=tmp_path / "ks.jsonl", handle_signals=False) as sw:
         with pytest.raises(KillSwitchTriggered, match="sandbox policy: secrets|sandbox policy: network"):
-            run_rollout(task, policy, kill_switch=sw, log_dir=tmp_path)
+            run_rollout(task, policy, stop=sw, log_dir=tmp_path)
     assert len(sw.violations) == 2  # both rules, from the one command that ran before the stop
 
 

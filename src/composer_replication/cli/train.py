@@ -89,12 +89,12 @@ def run(args: argparse.Namespace) -> int:
         if cfg.mode == "offline":
             from composer_replication.trainer.offline import train_offline
 
-            final = train_offline(cfg, out_dir=out, resume=args.resume, kill_switch=switch)
+            final = train_offline(cfg, out_dir=out, resume=args.resume, stop=switch)
             dist_launch.shutdown()
         else:
             from composer_replication.trainer.grpo_run import train_grpo
 
-            final = train_grpo(cfg, out_dir=out, resume=args.resume, kill_switch=switch, merge=args.merge)
+            final = train_grpo(cfg, out_dir=out, resume=args.resume, stop=switch, merge=args.merge)
     if not main:
         return 0
     from composer_replication.trainer import checkpoint as ckpt

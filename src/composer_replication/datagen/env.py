@@ -31,7 +31,7 @@ from composer_replication.datagen.tasks import Task, bundled_tasks
 from composer_replication.datagen.tools import parse_tool_calls, run_tool
 from composer_replication.datagen.verifier import verify
 from composer_replication.datagen.workspace import put_task_files
-from composer_replication.safety.kill_switch import KillSwitch
+from composer_replication.safety.stop import Stop, as_stop
 
 
 @dataclass
@@ -82,13 +82,13 @@ class SandboxCodingEnv:
         *,
         sandbox_factory: Callable[[], Sandbox] | None = None,
         stats: InfraStats | None = None,
-        kill_switch: KillSwitch | None = None,
+        stop: Stop | Callable[[], str | None] | None = None,
         tool_timeout: float = 20.0,
     ) -> None:
         self._tasks = dict(tasks) if tasks is not None else bundled_tasks()
         self._factory = sandbox_factory or make_sandbox
         self._stats = stats if stats is not None else InfraStats()
-        self._kill_switch = kill_switch
+        self._stop = as_stop(stop)  # fed each sandbox violation
         self._tool_timeout = tool_timeout
         self._sb: Sandbox | None = None
         self._task: Task | None = None
@@ -121,9 +121,8 @@ class SandboxCodingEnv:
         except SandboxError as e:
             self._infra_error = str(e)
             return "Error: sandbox failure"
-        if self._kill_switch is not None:
-            for v in outcome.violations:
-                self._kill_switch.record_violation(v, str(args)[:300])
+        for v in outcome.violations:
+            self._stop.observe(violation=(v, str(args)[:300]))
         return outcome.content
 
     def bash(self, command: str) -> str:

@@ -68,11 +68,11 @@ def _score(
     text: str,
     *,
     tool_timeout: float,
-    kill_switch: Stop | None,
+    stop: Stop | None,
     sandbox_factory: Callable[[], Sandbox] | None,
     on_protected: OnProtected,
 ) -> tuple[dict[str, float], str | None, Verdict]:
-    stop = as_stop(kill_switch)
+    stop = as_stop(stop)
     calls = parse_tool_calls(text)
     well_formed = bool(calls) and all(c["name"] in TOOL_NAMES for c in calls)
     ran, hint = 0, None
@@ -102,7 +102,7 @@ def score_completion(
     text: str,
     *,
     tool_timeout: float = 20.0,
-    kill_switch: Stop | None = None,
+    stop: Stop | None = None,
     sandbox_factory: Callable[[], Sandbox] | None = None,
     on_protected: OnProtected = "zero",
 ) -> tuple[dict[str, float], str | None]:
@@ -113,7 +113,7 @@ def score_completion(
     first failed call or None)``. Raises `SandboxError` on an infrastructure failure.
     """
     parts, hint, _ = _score(
-        sb, task, text, tool_timeout=tool_timeout, kill_switch=kill_switch,
+        sb, task, text, tool_timeout=tool_timeout, stop=stop,
         sandbox_factory=sandbox_factory, on_protected=on_protected,
     )  # fmt: skip
     return parts, hint
@@ -126,7 +126,7 @@ def make_shaped_reward(
     stats: InfraStats | None = None,
     weights: Mapping[str, float] | None = None,
     tool_timeout: float = 20.0,
-    kill_switch: Stop | None = None,
+    stop: Stop | None = None,
     on_protected: OnProtected = "zero",
     task_sandboxes: Mapping[str, Callable[[], Sandbox]] | None = None,
 ) -> Callable[..., list[float | None]]:
@@ -137,7 +137,7 @@ def make_shaped_reward(
     completion of its last call; ``ComposerReplicationTrainer`` reads the hints for SDPO, the parts'
     means as ``reward_parts/<part>`` and ``last_hack_attempts`` as ``reward_hack_attempts``),
     ``parts_history`` (the mean of each part per call) and ``reward_hack_attempts`` (completions so
-    far that touched a protected path). Sandbox violations go to ``kill_switch`` (a `Stop`:
+    far that touched a protected path). Sandbox violations go to ``stop`` (a `Stop`:
     ``observe(violation=(kind, detail))``). ``on_protected``: the verifier's policy (``"zero"`` or
     ``"restore"``, `datagen.verifier`). ``task_sandboxes``: per task name, the sandbox factory its
     completions and checks run in (a mined task's prepared environment), else ``sandbox_factory``.
@@ -163,7 +163,7 @@ def make_shaped_reward(
                 with make() as sb:
                     put_task_files(sb, t)
                     parts, hint, verdict = _score(
-                        sb, t, text, tool_timeout=tool_timeout, kill_switch=kill_switch,
+                        sb, t, text, tool_timeout=tool_timeout, stop=stop,
                         sandbox_factory=make, on_protected=on_protected,
                     )  # fmt: skip
             except SandboxError as e:

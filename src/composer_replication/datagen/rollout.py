@@ -50,6 +50,7 @@ from composer_replication.datagen.tools import TOOL_SCHEMAS, format_tool_call, p
 from composer_replication.datagen.verifier import OnProtected, Verdict, verify
 from composer_replication.datagen.workspace import put_task_files
 from composer_replication.safety.kill_switch import EXIT_KILL_SWITCH, KillSwitch, KillSwitchTriggered
+from composer_replication.safety.stop import Stop, as_stop
 
 Policy = Callable[[list[dict[str, Any]]], str]  # chat messages -> assistant text (tool calls inline)
 
@@ -198,8 +199,7 @@ def run_rollout(
     sandbox_factory: Callable[[], Sandbox] | None = None,
     max_turns: int = 8,
     tool_timeout: float = 30.0,
-    kill_switch: KillSwitch | None = None,
-    stop: Callable[[], str | None] | None = None,
+    stop: Stop | Callable[[], str | None] | None = None,
     on_protected: OnProtected = "zero",
     harness: str | None = None,
     max_tokens: int | None = None,
@@ -208,9 +208,9 @@ def run_rollout(
     """One episode of ``task`` under ``policy`` in ``harness`` (`datagen.harness`), until the policy
     answers without a tool call or a limit (``max_turns``, ``max_tokens`` generated, ``max_wall_s``)
     ends it; scored by the verifier (``on_protected``: its policy). Raises `KillSwitchTriggered` when
-    ``stop``/``kill_switch`` fires."""
+    ``stop`` fires (a `safety.Stop` such as a `KillSwitch`: fed each sandbox violation)."""
     rollout_id = check_name(rollout_id or f"{task.name}-{uuid.uuid4().hex[:8]}", "rollout id")
-    stop = stop or kill_switch
+    stop = as_stop(stop)
     model = getattr(policy, "model_name", None) or getattr(policy, "model", "policy")
     budget = Budget(max_turns, max_tokens, max_wall_s)
     codex = log_format(harness) == "codex"
@@ -230,7 +230,7 @@ def run_rollout(
             put_task_files(sb, task)
             toolset, budget.t0 = make_toolset(harness, sb), time.monotonic()
             while (end := budget.stop_reason()) is None:
-                if stop is not None and (reason := stop()) is not None:
+                if (reason := stop()) is not None:
                     raise KillSwitchTriggered(reason)
                 text = policy(wire.turns_to_messages(turns, system)[0])
                 calls = parse_tool_calls(text)
@@ -249,8 +249,7 @@ def run_rollout(
                     )
                     for v in outcome.violations:
                         result.violations.append(v)
-                        if kill_switch is not None:
-                            kill_switch.record_violation(v, json.dumps(block["input"])[:300])
+                        stop.observe(violation=(v, json.dumps(block["input"])[:300]))
                     if log:
                         log.tool_result(
                             block["id"], outcome.content, outcome.is_error, outcome.tool_use_result
@@ -373,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
             tasks,
             policy_for,
             out,
-            kill_switch=switch,
+            stop=switch,
             max_turns=args.max_turns,
             harness=args.harness,
             max_tokens=args.max_tokens,

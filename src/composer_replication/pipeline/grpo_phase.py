@@ -47,7 +47,7 @@ def task_rows(names: list[str] | str | None) -> tuple[dict[str, Any], list[dict[
 
 
 def train_grpo_on_tasks(
-    cfg: Any, *, out_dir: Path, tasks: list[str] | str | None, resume: bool, kill_switch: Any = None
+    cfg: Any, *, out_dir: Path, tasks: list[str] | str | None, resume: bool, stop: Any = None
 ) -> dict[str, Any]:
     """Run the online phase with the trainer's ``TrainConfig`` ``cfg`` (mode grpo) on ``tasks`` (bundled
     names, empty or None for all, or a task directory); writes ``final/`` and ``final_metrics.json`` (the
@@ -56,9 +56,7 @@ def train_grpo_on_tasks(
     from composer_replication.trainer.grpo_tasks import load_task_set, train_on_tasks
 
     check_grpo_config(cfg, pipeline=True)
-    summary = train_on_tasks(
-        cfg, load_task_set(tasks), out_dir, resume=resume, kill_switch=kill_switch, pipeline=True
-    )
+    summary = train_on_tasks(cfg, load_task_set(tasks), out_dir, resume=resume, stop=stop, pipeline=True)
     atomic_write_json(out_dir / "final_metrics.json", summary)
     return summary
 
@@ -71,20 +69,16 @@ def sandbox_pass_rate(
     Rollouts are indexed in ``out_dir/rollouts.jsonl`` (``datagen.run_rollouts`` skips finished ones), so
     a rerun only rolls out what is missing. ``out_dir`` must be specific to the model's weights.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from composer_replication._io import read_jsonl
     from composer_replication.datagen.rollout import HFPolicy, run_rollouts
+    from composer_replication.models import load_model_and_tokenizer
 
     chosen, _ = task_rows(tasks)
     index = out_dir / "rollouts.jsonl"
     done = {r["rollout_id"] for r in read_jsonl(index) if r["status"] == "ok"} if index.exists() else set()
     if any(f"{n}-000" not in done for n in chosen):
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
+        model, tok = load_model_and_tokenizer(model_dir)  # float32, a pad token; an adapter merged
+        model.eval()
         policy = HFPolicy(model, tok, max_new_tokens=max_new_tokens, temperature=0.0)
         run_rollouts(
             list(chosen.values()), lambda t: policy, out_dir, max_turns=max_turns, stop=stop, progress=False

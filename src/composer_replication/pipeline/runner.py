@@ -44,7 +44,7 @@ class RunContext:
     """What a stage gets: the run directory, the config, the run's one `Stop` and a logger.
 
     ``stop`` is the run's kill switch (a `safety.Stop`; `NEVER` without one): stages poll it, feed it
-    (``stop.observe(...)``) and pass it on as the ``stop=``/``kill_switch=`` of what they call.
+    (``stop.observe(...)``) and pass it on as the ``stop=`` of what they call.
     """
 
     run_dir: Path
@@ -103,7 +103,7 @@ class Runner:
         stages: Sequence[Stage],
         *,
         log: Callable[[str], None] = print,
-        kill_switch: Any = None,
+        stop: Any = None,
         origin: str | None = None,
         take_over: bool = False,
     ) -> None:
@@ -113,7 +113,7 @@ class Runner:
         self.config = config
         self.stages = list(stages)
         self.log = log
-        self.kill_switch = kill_switch
+        self.stop = as_stop(stop)
         self.origin = origin
         self.take_over = take_over
         self._until: str | None = None
@@ -143,7 +143,7 @@ class Runner:
 
     def _context(self) -> RunContext:
         return RunContext(
-            self.run_dir, self.config, stop=as_stop(self.kill_switch), log=self.log, until=self._until,
+            self.run_dir, self.config, stop=self.stop, log=self.log, until=self._until,
             stages=tuple(s.name for s in self.stages if s.enabled(self.config)),
         )  # fmt: skip
 
@@ -189,7 +189,7 @@ class Runner:
 
     def _halt_if_needed(self, stage: Stage, *, ran: bool) -> None:
         """Stop between stages: a stop requested meanwhile (signal, STOP file), or a spend overrun."""
-        reason = self.kill_switch.should_stop() if self.kill_switch is not None else None
+        reason = self.stop()
         if reason:
             from composer_replication.safety.kill_switch import KillSwitchTriggered
 

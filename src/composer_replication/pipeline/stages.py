@@ -335,7 +335,7 @@ def run_pipeline(
     ks = make_kill_switch(run_dir)
     try:
         Runner(
-            run_dir, config, build_stages(), log=log, kill_switch=ks, origin=origin, take_over=take_over
+            run_dir, config, build_stages(), log=log, stop=ks, origin=origin, take_over=take_over
         ).run(force=force, until=until)
     finally:
         ks.close()

@@ -82,7 +82,7 @@ def train_grpo_stage(ctx: RunContext) -> dict[str, Any]:
         shutil.rmtree(out)
     cfg = train_config(ctx, "grpo")
     summary = train_grpo_on_tasks(
-        cfg, out_dir=out, tasks=grpo_tasks(ctx), resume=True, kill_switch=ctx.stop
+        cfg, out_dir=out, tasks=grpo_tasks(ctx), resume=True, stop=ctx.stop
     )
     return {k: v for k, v in summary.items() if v is not None}
 

@@ -3,7 +3,7 @@
 What is covered (each is a trigger; the first one latches, is appended to ``kill_switch.jsonl`` and is
 returned by `KillSwitch.should_stop` from then on):
 
-- **spend**: the dollar ledger reaches ``max_spend_usd`` (a value passed to ``observe(spend_usd=...)``
+- **spend**: the dollar ledger reaches ``max_total_usd`` (a value passed to ``observe(spend_usd=...)``
   or a ``spend`` callable read on every poll, e.g. the replay ledger's total);
 - **training health**: a non-finite loss / grad norm / KL; a grad-norm spike above ``grad_spike_factor``
   times the running median of the last ``health_window`` norms; KL above ``max_kl``; reward collapse
@@ -18,8 +18,8 @@ returned by `KillSwitch.should_stop` from then on):
 A `KillSwitch` is a `safety.stop.Stop`: loops take it as ``stop=`` and call ``stop()`` between steps and
 ``stop.observe(...)`` with what they see (metrics; ``violation=(kind, detail)`` for a sandbox policy hit).
 
-What is not covered: the switch is cooperative — loops must poll it (``stop=kill_switch`` or
-``kill_switch.check()``) between steps; it cannot interrupt a step in flight or a hung C call.
+What is not covered: the switch is cooperative — loops must poll it (``stop=switch`` or
+``switch.check()``) between steps; it cannot interrupt a step in flight or a hung C call.
 On a trigger, the owner checkpoints, then raises `KillSwitchTriggered`; CLIs exit with
 ``EXIT_KILL_SWITCH`` (3).
 """
@@ -64,7 +64,7 @@ class KillSwitch:
     """Watches spend, training health, sandbox policy, a STOP file and signals (module docstring).
 
     Args:
-        max_spend_usd: stop once spend reaches this many dollars (None: no cap here).
+        max_total_usd: stop once spend reaches this many dollars (None: no cap here).
         spend: a callable returning the dollars spent so far, read on every `should_stop`.
         stop_file: stop when this path exists.
         log_path: where trigger and violation records are appended (JSONL); None keeps them in memory.
@@ -79,7 +79,7 @@ class KillSwitch:
     def __init__(
         self,
         *,
-        max_spend_usd: float | None = None,
+        max_total_usd: float | None = None,
         spend: Callable[[], float] | None = None,
         stop_file: str | os.PathLike[str] | None = None,
         log_path: str | os.PathLike[str] | None = None,
@@ -92,7 +92,7 @@ class KillSwitch:
     ) -> None:
         if health_window < 2:
             raise ValueError(f"health_window must be >= 2, got {health_window}")
-        self.max_spend_usd = max_spend_usd
+        self.max_total_usd = max_total_usd
         self.spend = spend
         self.stop_file = Path(stop_file) if stop_file is not None else None
         self.log_path = Path(log_path) if log_path is not None else None
@@ -174,8 +174,8 @@ class KillSwitch:
         return None
 
     def _check_spend(self, spent: float) -> str | None:
-        if self.max_spend_usd is not None and spent >= self.max_spend_usd:
-            return self.trigger(f"spend cap: ${spent:.4f} >= ${self.max_spend_usd:.4f}", kind="spend")
+        if self.max_total_usd is not None and spent >= self.max_total_usd:
+            return self.trigger(f"spend cap: ${spent:.4f} >= ${self.max_total_usd:.4f}", kind="spend")
         return None
 
     def record_violation(self, kind: str, detail: str) -> str | None:

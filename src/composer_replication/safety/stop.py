@@ -2,9 +2,9 @@
 feeds it the loop's metrics.
 
 A `KillSwitch` is a `Stop`. So is any zero-argument callable returning a reason or None, once wrapped by
-`as_stop` (its ``observe`` just polls it). Loops take one argument, ``stop``, and call `as_stop` on it
-first; functions whose public signature also had ``kill_switch=`` accept it as another name for ``stop``,
-or, where both were honoured side by side (replay, the offline trainer), combine them with `any_stop`.
+`as_stop` (its ``observe`` just polls it). Loops take one argument, ``stop`` (never ``kill_switch``:
+that is the module and its type, not a parameter), and call `as_stop` on it first; `any_stop` combines
+several into one.
 """
 
 from __future__ import annotations
@@ -63,8 +63,7 @@ class _First:
 def any_stop(*stops: Stop | Callable[[], str | None] | None) -> Stop:
     """One `Stop` that stops when any of ``stops`` does (polled in order; None entries are left out).
 
-    For the functions that take both ``stop=`` and ``kill_switch=`` and honour both: one of them alone
-    is `as_stop` of it, none is `NEVER`.
+    One of them alone is `as_stop` of it, none is `NEVER`.
     """
     given = [as_stop(s) for s in stops if s is not None]
     if not given:
@@ -72,17 +71,8 @@ def any_stop(*stops: Stop | Callable[[], str | None] | None) -> Stop:
     return given[0] if len(given) == 1 else _First(given)
 
 
-def as_stop(stop: Stop | Callable[[], str | None] | None = None, *, kill_switch: Any = None) -> Stop:
-    """One `Stop` from what a caller passed: a `Stop` (a `KillSwitch`), a plain callable, or None (never).
-
-    ``kill_switch`` is the older name of the same argument; passing two different objects is an error.
-    """
-    if kill_switch is not None:
-        if stop is not None and stop is not kill_switch:
-            raise TypeError(
-                "pass the kill switch once, as stop=...; stop= and kill_switch= name the same argument"
-            )
-        stop = kill_switch
+def as_stop(stop: Stop | Callable[[], str | None] | None = None) -> Stop:
+    """One `Stop` from what a caller passed: a `Stop` (a `KillSwitch`), a plain callable, or None (never)."""
     if stop is None:
         return NEVER
     if isinstance(stop, Stop):

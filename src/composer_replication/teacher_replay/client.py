@@ -8,7 +8,7 @@ providers bill at most the spec's prices, even with other processes sharing the 
 deadline per attempt) and unreadable bodies are retried with exponential backoff and full jitter,
 honouring ``Retry-After``; a call that still fails becomes a result row with ``error`` set; every
 known API key is scrubbed from the text of each row and ledger note before it is written or raised;
-``stop`` (one `safety.Stop`: a `KillSwitch`, a callable, or both combined) is observed with the spend
+``stop`` (one `safety.Stop`: a `KillSwitch`, or a callable via `safety.as_stop`) is observed with the spend
 before each send and during long waits; a stop ends every wait within about a second (``waits``);
 ``Retry-After`` is honoured up to ``RetryPolicy.retry_after_max_s`` (30 s).
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from composer_replication.config.run import (
     MAX_TOTAL_USD,
@@ -29,7 +28,7 @@ from composer_replication.config.run import (
     REPLAY_MAX_TOKENS,
     REPLAY_TIMEOUT_S,
 )
-from composer_replication.safety.stop import any_stop
+from composer_replication.safety.stop import Stop, as_stop
 
 from .cache import ResultCache
 from .ledger import SpendLedger
@@ -52,16 +51,15 @@ async def replay_states(
     max_tokens: int = REPLAY_MAX_TOKENS,
     timeout_s: float = REPLAY_TIMEOUT_S,
     retry: RetryPolicy | None = None,
-    stop: Callable[[], str | None] | None = None,
-    kill_switch: Any = None,
+    stop: Stop | Callable[[], str | None] | None = None,
     progress: bool = True,
     fsync: bool = False,
 ) -> ReplayReport:
     """Send every (state, teacher) call not already in ``cache_path``; return all results in order.
 
     ``ledger_path`` persists the spend so a rerun starts from what was already booked (by default
-    it sits beside the cache). ``stop`` and ``kill_switch`` (one `Stop`, see `safety.any_stop`) are
-    observed with the spend so far before each send and during long waits; on a reason every wait
+    it sits beside the cache). ``stop`` (a `safety.Stop` such as a `KillSwitch`, or a callable
+    returning a reason or None) is observed with the spend so far before each send and during long waits; on a reason every wait
     ends (``teacher_replay.waits``: a request in flight gets 0.5 s more, then is abandoned and booked
     in full), then ``KillSwitchTriggered`` is raised.
     """
@@ -76,7 +74,7 @@ async def replay_states(
     run = ReplayRun(
         calls, cache=cache, ledger=SpendLedger(max_total_usd, ledger_path, fsync=fsync),
         scrub=known_keys([c.spec for c in calls], api_key), retry=retry or RetryPolicy(),
-        halt=any_stop(stop, kill_switch), concurrency=concurrency,
+        stop=as_stop(stop), concurrency=concurrency,
     )  # fmt: skip
     try:
         run.open_backends(api_key)
@@ -98,8 +96,7 @@ async def replay_trace(
     max_tokens: int = REPLAY_MAX_TOKENS,
     timeout_s: float = REPLAY_TIMEOUT_S,
     retry: RetryPolicy | None = None,
-    stop: Callable[[], str | None] | None = None,
-    kill_switch: Any = None,
+    stop: Stop | Callable[[], str | None] | None = None,
     progress: bool = True,
     fsync: bool = False,
 ) -> list[TeacherCallResult]:
@@ -120,7 +117,6 @@ async def replay_trace(
         timeout_s=timeout_s,
         retry=retry,
         stop=stop,
-        kill_switch=kill_switch,
         progress=progress,
         fsync=fsync,
     )

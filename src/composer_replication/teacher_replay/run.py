@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from composer_replication.safety.kill_switch import KillSwitchTriggered
+from composer_replication.safety.stop import Stop
 
 from .actions import answer_text, teacher_vote
 from .backends.base import BILLED_UNKNOWN, TeacherError
@@ -131,11 +132,11 @@ class ReplayRun:
 
     def __init__(
         self, calls: list[_Call], *, cache: ResultCache, ledger: SpendLedger, scrub: KeyScrubber,
-        retry: RetryPolicy, halt: Any, concurrency: int,
+        retry: RetryPolicy, stop: Stop, concurrency: int,
     ) -> None:  # fmt: skip
         self.calls, self.cache, self.ledger, self.scrub, self.retry = calls, cache, ledger, scrub, retry
         self.concurrency = concurrency
-        self.watch = StopWatch(halt, lambda: ledger.spent_usd)
+        self.watch = StopWatch(stop, lambda: ledger.spent_usd)
         self.results: dict[str, TeacherCallResult] = {}
         self.todo: list[_Call] = []
         self.text_teachers: set[str] = set()  # teachers whose endpoint refused tools: asked in text

@@ -24,6 +24,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from composer_replication.safety.stop import Stop
+
 T = TypeVar("T")
 
 POLL_S = 0.2  # how often the watcher looks while some wait is long
@@ -42,12 +44,12 @@ class Stopped(Exception):
 class StopWatch:
     """The run's stop, polled before each send and watched during long waits (module docstring).
 
-    ``halt`` is the run's `safety.Stop`; ``spend`` returns the spend so far, fed to ``halt.observe``.
+    ``stop`` is the run's `safety.Stop`; ``spend`` returns the spend so far, fed to ``stop.observe``.
     The first reason latches in ``reason``.
     """
 
-    def __init__(self, halt: Any, spend: Callable[[], float]) -> None:
-        self._halt = halt
+    def __init__(self, stop: Stop, spend: Callable[[], float]) -> None:
+        self._stop = stop
         self._spend = spend
         self.reason: str | None = None
         self._waits: dict[asyncio.Task[Any], tuple[float, bool]] = {}  # task -> (began, is a request)
@@ -57,7 +59,7 @@ class StopWatch:
     def poll(self) -> str | None:
         """Feed the spend so far and ask for a reason; a new reason interrupts every wait in progress."""
         if self.reason is None:
-            self.reason = self._halt.observe(spend_usd=self._spend())
+            self.reason = self._stop.observe(spend_usd=self._spend())
             if self.reason is not None:
                 self._interrupt(requests=False)  # the watcher abandons the requests FINISH_S later
         return self.reason

@@ -129,7 +129,7 @@ def build_grpo_trainer(
     reward_funcs: Any,
     out_dir: Path,
     *,
-    kill_switch: Any = None,
+    stop: Any = None,
     pipeline: bool = False,
 ) -> tuple[Any, list[Any]]:
     """``(ComposerReplicationTrainer, callbacks)`` for ``cfg`` over ``rows`` (``prompt`` + extra columns)."""
@@ -167,10 +167,10 @@ def build_grpo_trainer(
         peft_config = LoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout,
                                  target_modules=lo.target_modules, task_type="CAUSAL_LM")  # fmt: skip
     callbacks = []
-    if kill_switch is not None:
+    if stop is not None:
         from composer_replication.safety.hf_callback import KillSwitchCallback
 
-        callbacks.append(KillSwitchCallback(kill_switch))
+        callbacks.append(KillSwitchCallback(stop))
     # the loss section's channel arguments (label smoothing is rejected in grpo mode: no LM-CE channel here)
     channels = {k: v for k, v in cfg.loss.compose_loss_kwargs().items() if k != "lm_ce_label_smoothing"}
     taid = make_taid(cfg)  # t follows the GRPO steps as it follows the offline ones

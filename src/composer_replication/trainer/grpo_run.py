@@ -106,7 +106,7 @@ def train_grpo(
     *,
     out_dir: str | Path,
     resume: bool = False,
-    kill_switch: Any | None = None,
+    stop: Any | None = None,
     merge: bool = False,
 ) -> dict[str, float]:
     """Run ``ComposerReplicationTrainer`` per ``cfg`` (``trainer.grpo_build``), export ``out_dir/final``
@@ -121,13 +121,11 @@ def train_grpo(
         if cfg.grpo.tasks is not None:  # sandbox tasks, the shaped reward (trainer.grpo_tasks)
             from composer_replication.trainer.grpo_tasks import train_tasks_mode
 
-            return train_tasks_mode(cfg, Path(out_dir), resume=resume, kill_switch=kill_switch, merge=merge)
-        return _train_grpo(cfg, Path(out_dir), resume=resume, kill_switch=kill_switch, merge=merge)
+            return train_tasks_mode(cfg, Path(out_dir), resume=resume, stop=stop, merge=merge)
+        return _train_grpo(cfg, Path(out_dir), resume=resume, stop=stop, merge=merge)
 
 
-def _train_grpo(
-    cfg: TrainConfig, out: Path, *, resume: bool, kill_switch: Any, merge: bool
-) -> dict[str, float]:
+def _train_grpo(cfg: TrainConfig, out: Path, *, resume: bool, stop: Any, merge: bool) -> dict[str, float]:
     from composer_replication.trainer.export import base_dir
     from composer_replication.trainer.grpo_build import build_grpo_trainer, run_grpo
 
@@ -138,6 +136,6 @@ def _train_grpo(
         )
     out.mkdir(parents=True, exist_ok=True)
     reward = teacher_match_reward if cfg.grpo.reward.type == "teacher_match" else tool_format_reward
-    trainer, callbacks = build_grpo_trainer(cfg, rows, reward, out, kill_switch=kill_switch)
+    trainer, callbacks = build_grpo_trainer(cfg, rows, reward, out, stop=stop)
     return run_grpo(trainer, callbacks, out, resume=resume, plot=cfg.logging.plot, final_dir=out / "final",
                     merge=merge, base_dir=base_dir(cfg))  # fmt: skip

@@ -111,7 +111,7 @@ def train_on_tasks(
     out_dir: Path,
     *,
     resume: bool,
-    kill_switch: Any = None,
+    stop: Any = None,
     pipeline: bool = False,
     plot: bool = False,
     merge: bool = True,
@@ -129,11 +129,9 @@ def train_on_tasks(
     out_dir.mkdir(parents=True, exist_ok=True)
     pairs = od.load_rows(cfg.data.pairs) if cfg.loss.preference.weight > 0 else []
     stats = InfraStats()
-    reward = make_shaped_reward(ts.tasks, stats=stats, kill_switch=kill_switch, task_sandboxes=ts.sandboxes)
+    reward = make_shaped_reward(ts.tasks, stats=stats, stop=stop, task_sandboxes=ts.sandboxes)
     rows = phase_rows(task_rows(ts), pairs)
-    trainer, callbacks = build_grpo_trainer(
-        cfg, rows, reward, out_dir, kill_switch=kill_switch, pipeline=pipeline
-    )
+    trainer, callbacks = build_grpo_trainer(cfg, rows, reward, out_dir, stop=stop, pipeline=pipeline)
     final = run_grpo(trainer, callbacks, out_dir, resume=resume, plot=plot, final_dir=out_dir / "final",
                      merge=merge, base_dir=base_dir)  # fmt: skip
     history = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -152,14 +150,14 @@ def train_on_tasks(
     return summary
 
 
-def train_tasks_mode(cfg: Any, out: Path, *, resume: bool, kill_switch: Any, merge: bool) -> dict[str, Any]:
+def train_tasks_mode(cfg: Any, out: Path, *, resume: bool, stop: Any, merge: bool) -> dict[str, Any]:
     """``train --mode grpo`` with ``grpo.tasks``: `train_on_tasks` into ``out`` (the adapter over the base
     model unless ``merge``); ``final_metrics.json`` holds TRL's last logged metrics and the summary."""
     from composer_replication._io import atomic_write_json
     from composer_replication.trainer.export import base_dir
 
     ts = load_task_set(cfg.grpo.tasks)
-    summary = train_on_tasks(cfg, ts, out, resume=resume, kill_switch=kill_switch, plot=cfg.logging.plot,
+    summary = train_on_tasks(cfg, ts, out, resume=resume, stop=stop, plot=cfg.logging.plot,
                              merge=merge, base_dir=base_dir(cfg))  # fmt: skip
     metrics = json.loads((out / "final_metrics.json").read_text()) | summary
     atomic_write_json(out / "final_metrics.json", metrics)

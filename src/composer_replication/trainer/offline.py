@@ -1,6 +1,6 @@
 """Offline training on ingested data (no rollouts): SFT CE + α·SDPO + β·DPO through ``compose_loss``.
 
-``train_offline(config, out_dir=..., resume=False, kill_switch=None, stop=None) -> dict`` is the library
+``train_offline(config, out_dir=..., resume=False, stop=None) -> dict`` is the library
 entry point (the ``train`` command and the pipeline call it). Per optimizer step it takes
 ``grad_accum`` micro-batches, each a batch of traces (assistant turns as SFT targets; error sites give
 the hinted SDPO teacher) and a batch of preference pairs (reference log-probs computed once per pair
@@ -27,7 +27,7 @@ import torch
 
 from composer_replication import wire
 from composer_replication.config import TrainConfig, build_config
-from composer_replication.safety.stop import any_stop
+from composer_replication.safety.stop import Stop, as_stop
 from composer_replication.trainer import checkpoint as ckpt
 from composer_replication.trainer import offline_data as od
 from composer_replication.trainer import pair_tokens
@@ -63,13 +63,12 @@ def train_offline(
     *,
     out_dir: str | Path,
     resume: bool = False,
-    kill_switch: Any | None = None,
-    stop: Callable[[], str | None] | None = None,
+    stop: Stop | Callable[[], str | None] | None = None,
     device: str | None = None,
 ) -> dict[str, float]:
     """Train on ``config.data`` (traces and/or pairs) and return the final metrics (see module docstring).
 
-    ``stop`` and ``kill_switch`` (one `Stop`, ``safety.any_stop``) are consulted once per optimizer step
+    ``stop`` (a `safety.Stop` such as a `KillSwitch`, or a callable) is consulted once per optimizer step
     (polled before the first, then observed with each step's loss and grad norm); on a reason the
     run checkpoints and raises ``KillSwitchTriggered(reason)`` (exit code 3 from the CLI).
     """
@@ -80,9 +79,7 @@ def train_offline(
     cfg = config if isinstance(config, TrainConfig) else build_config(config)
     try:
         with wire.use_format(cfg.data.wire_format):
-            return _train(
-                cfg, out_dir=out_dir, resume=resume, kill_switch=kill_switch, stop=stop, device=device
-            )
+            return _train(cfg, out_dir=out_dir, resume=resume, stop=stop, device=device)
     finally:  # determinism is process-global in torch: leave it as we found it
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
 
@@ -137,7 +134,7 @@ def _save(
 
 
 def _steps(
-    cfg: TrainConfig, stepper: OfflineStepper, engine: Any, halt: Any, out: Path, save: Callable[[int], Path]
+    cfg: TrainConfig, stepper: OfflineStepper, engine: Any, stop: Stop, out: Path, save: Callable[[int], Path]
 ) -> int:
     """Run optimizer steps to ``max_steps``, logging and checkpointing; the step reached.
 
@@ -157,7 +154,7 @@ def _steps(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=max_steps, initial=step, desc="train", unit="step")
-    reason = halt() if step < max_steps else None
+    reason = stop() if step < max_steps else None
     try:
         while step < max_steps:
             reason = engine.agree(reason)  # every rank stops at the same step
@@ -178,7 +175,7 @@ def _steps(
                 bar.set_postfix(loss=f"{metrics['loss/total']:.4f}")
             if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 save(step)
-            reason = halt.observe(step=step, loss=metrics["loss/total"], grad_norm=metrics["grad_norm"])
+            reason = stop.observe(step=step, loss=metrics["loss/total"], grad_norm=metrics["grad_norm"])
     finally:
         if bar is not None:
             bar.close()
@@ -188,12 +185,12 @@ def _steps(
     return step
 
 
-def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, float]:
+def _train(config, *, out_dir, resume, stop, device) -> dict[str, float]:
     from composer_replication._io import atomic_write_json
     from composer_replication.trainer import distributed
 
     cfg = config if isinstance(config, TrainConfig) else build_config(config)
-    halt = any_stop(stop, kill_switch)  # one Stop (a KillSwitch, a plain callable, or both)
+    stop = as_stop(stop)  # one Stop (a KillSwitch, or a plain callable polled)
     engine = distributed.setup(cfg, device)  # one process, or one rank of torchrun / --nproc N
     traces, pairs = od.load_data(cfg)  # a bad or empty file fails here, before out_dir is created
     out, main = Path(out_dir), engine.is_main
@@ -220,7 +217,7 @@ def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, f
     def save(at: int) -> Path:
         return _save(engine, stepper, model, cfg, ckpt_dir, at)
 
-    step = _steps(cfg, stepper, engine, halt, out, save)
+    step = _steps(cfg, stepper, engine, stop, out, save)
     if ckpt.latest_checkpoint(ckpt_dir) is None or not (ckpt_dir / f"step-{step:08d}").exists():
         save(step)
     final = data.evaluate(engine.unsharded(model), tok, cfg, stepper.ref)

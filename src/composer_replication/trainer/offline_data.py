@@ -105,14 +105,14 @@ def split(rows: list[dict], key_fn, fraction: float) -> tuple[list[dict], list[d
 def make_collator(
     tokenizer: Any, max_seq_len: int, max_dpo_seq_len: int, enable_sdpo: bool, whole_responses: bool = False
 ):
+    from composer_replication.encoding import pad_id
     from composer_replication.hint_generator import hint_for_error
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
 
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     cfg = CollatorConfig(
         max_seq_len=max_seq_len,
         max_dpo_seq_len=max_dpo_seq_len,
-        pad_token_id=pad,
+        pad_token_id=pad_id(tokenizer),
         enable_sdpo=enable_sdpo,
         hint_generator=hint_for_error,
         enable_replay_dpo=False,  # pairs come from pairs.jsonl through their own stream

@@ -202,7 +202,7 @@ class OnPolicySDPO:
         self.stream = Stream(sites, op.sites_per_batch, seed + 2)
         self.cache = SampleCache(cache_path)
         self.eos = eos_token_ids(tok)
-        self.pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        self.pad = encoding.pad_id(tok)
 
     def batch(self, model: Any, step: int, micro: int) -> tuple[dict[str, torch.Tensor] | None, dict]:
         """The SDPO inputs for micro-batch ``micro`` of optimizer step ``step`` (0-based), plus metrics."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from composer_replication._extras import require
-from composer_replication.safety.kill_switch import KillSwitch, KillSwitchTriggered
+from composer_replication.safety.kill_switch import KillSwitchTriggered
 from composer_replication.safety.stop import Stop, as_stop
 
 require("monarch", purpose="the Monarch recipe")
@@ -177,16 +177,15 @@ def run_pipeline_step(
     policy_dir: str | Path | None = None,
     teachers: list[dict[str, Any]] | None = None,
     stop: Stop | None = None,
-    kill_switch: KillSwitch | None = None,
 ) -> dict[str, Any]:
     """Spawn local meshes and run one rollout -> ingest/replay -> train step. Returns what each stage did.
 
     ``policy_dir`` None rolls out with the tasks' oracle (scripted) policy, so the step has successes to
-    learn from; pass the trainer's model dir to roll out the model itself. ``stop`` (a `KillSwitch`;
-    ``kill_switch`` is its older name) is polled between stages and fed the training step's metrics.
+    learn from; pass the trainer's model dir to roll out the model itself. ``stop`` (a `safety.Stop` such
+    as a `KillSwitch`) is polled between stages and fed the training step's metrics.
     """
     out_dir = Path(out_dir)
-    stop = as_stop(stop, kill_switch=kill_switch)
+    stop = as_stop(stop)
     if (reason := stop()) is not None:
         raise KillSwitchTriggered(reason)
     workers = this_host().spawn_procs(per_host={"procs": rollout_procs})
