@@ -259,7 +259,8 @@ _BY_SOURCE = {"claude_code": CLAUDE_CODE_TOOLS, "codex": CODEX_TOOLS}
 
 # Python type of a decoded JSON value -> its JSON-schema type, checked in this order (a bool is an int).
 _JSON_TYPES: tuple[tuple[type, str], ...] = (
-    (bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"), (Mapping, "object"),
+    (bool, "boolean"), (int, "integer"), (float, "number"),
+    (str, "string"), (list, "array"), (Mapping, "object"),
 )  # fmt: skip
 
 
