@@ -47,11 +47,11 @@ def _policy_for(args: argparse.Namespace) -> Callable[[Task], Policy]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the rollouts; raises `KillSwitchTriggered` (exit code 3) when the switch fires."""
+    """Run the rollouts; when the kill switch fires, one line ``stopped: REASON`` and its exit code (3)."""
     from composer_replication.datagen.rollout import run_rollouts
     from composer_replication.datagen.sandbox import make_sandbox
     from composer_replication.datagen.tasks import bundled_tasks
-    from composer_replication.safety.kill_switch import KillSwitch
+    from composer_replication.safety.kill_switch import KillSwitch, KillSwitchTriggered
 
     available = bundled_tasks()
     unknown = set(args.tasks or []) - set(available)
@@ -61,11 +61,15 @@ def run(args: argparse.Namespace) -> int:
     policy_for = _policy_for(args)
     out = Path(args.out)
     with KillSwitch(stop_file=args.stop_file, log_path=out / "kill_switch.jsonl") as switch:
-        results = run_rollouts(
-            tasks, policy_for, out, kill_switch=switch, max_turns=args.max_turns, harness=args.harness,
-            max_tokens=args.max_tokens, max_wall_s=args.max_wall_s,
-            sandbox_factory=lambda: make_sandbox(args.sandbox),
-        )  # fmt: skip
+        try:
+            results = run_rollouts(
+                tasks, policy_for, out, kill_switch=switch, max_turns=args.max_turns, harness=args.harness,
+                max_tokens=args.max_tokens, max_wall_s=args.max_wall_s,
+                sandbox_factory=lambda: make_sandbox(args.sandbox),
+            )  # fmt: skip
+        except KillSwitchTriggered as e:
+            print(f"stopped: {e.reason}", file=sys.stderr)
+            return e.exit_code
     for r in results:
         line = {"rollout_id": r.rollout_id, "status": r.status, "reward": r.reward, "end": r.end_reason}
         print(json.dumps(line | {"reward_hack": r.reward_hack}))
