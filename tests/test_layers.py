@@ -1,4 +1,4 @@
-"""The package's shape, measured on the source tree: layers, import cycles and module size.
+"""The package's shape, measured on the source tree: layers, import cycles, module and function size.
 
 Every ``import`` in ``src/composer_replication`` (lazy ones inside functions too) is read with ``ast``.
 A module may import from its own layer or a lower one, never from a higher one, and the module graph has
@@ -28,6 +28,12 @@ LAYERS: list[tuple[str, set[str]]] = [
 ]
 LEVEL = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
 MAX_LINES = 450
+MAX_FUNCTION_LINES = 80  # a def's lines, ``end_lineno - lineno + 1`` (decorators not counted)
+# Functions allowed past MAX_FUNCTION_LINES: declared tables only (rows of data, no logic), each with why.
+# Keep it short: a long function with logic is split, not listed.
+LONG_TABLES = {
+    "pipeline/stages.py:build_stages": "the pipeline's stage table: one Stage(...) row per stage, in run order",
+}
 
 
 def _sources() -> dict[str, Path]:
@@ -131,6 +137,48 @@ def test_no_module_is_longer_than_the_cap():
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines (split them): {long}"
+
+
+def _long_functions(path: Path, limit: int) -> dict[str, int]:
+    """``qualified name -> lines`` of every function in ``path`` longer than ``limit`` (methods and nested
+    functions included, named ``Class.method`` / ``outer.inner``)."""
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                n = (child.end_lineno or child.lineno) - child.lineno + 1
+                if not isinstance(child, ast.ClassDef) and n > limit:
+                    out[name] = n
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), "")
+    return out
+
+
+def test_no_function_is_longer_than_the_cap():
+    long = {
+        f"{p.relative_to(SRC)}:{name}": n
+        for p in _sources().values()
+        for name, n in _long_functions(p, MAX_FUNCTION_LINES).items()
+    }
+    unlisted = {k: n for k, n in long.items() if k not in LONG_TABLES}
+    assert not unlisted, f"functions over {MAX_FUNCTION_LINES} lines (split them by meaning): {unlisted}"
+    stale = sorted(set(LONG_TABLES) - set(long))
+    assert not stale, f"LONG_TABLES lists functions that are gone or now short (drop them): {stale}"
+
+
+def test_the_function_length_check_sees_methods_and_nested_functions(tmp_path):
+    def fn(name: str, lines: int, indent: str = "") -> str:  # a function of exactly ``lines`` lines
+        return f"{indent}def {name}():\n" + "".join(f"{indent}    x{i} = {i}\n" for i in range(lines - 1))
+
+    src = "class C:\n" + fn("m", 81, "    ") + fn("short", 80) + "def outer():\n" + fn("inner", 81, "    ")
+    (tmp_path / "m.py").write_text(src + "    return inner\n")
+    found = _long_functions(tmp_path / "m.py", MAX_FUNCTION_LINES)
+    assert found == {"C.m": 81, "outer": 83, "outer.inner": 81}  # the 80-line ``short`` passes
 
 
 def test_spec_symbols_live_where_the_docs_say():

@@ -257,21 +257,16 @@ CODEX_TOOLS: dict[str, Schema] = {t["function"]["name"]: t for t in _CODEX}
 _BY_SOURCE = {"claude_code": CLAUDE_CODE_TOOLS, "codex": CODEX_TOOLS}
 
 
+# Python type of a decoded JSON value -> its JSON-schema type, checked in this order (a bool is an int).
+_JSON_TYPES: tuple[tuple[type, str], ...] = (
+    (bool, "boolean"), (int, "integer"), (float, "number"),
+    (str, "string"), (list, "array"), (Mapping, "object"),
+)  # fmt: skip
+
+
 def json_type(value: Any) -> str:
-    """The JSON-schema type of a decoded JSON value."""
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, Mapping):
-        return "object"
-    return "null"
+    """The JSON-schema type of a decoded JSON value (``"null"`` for anything else)."""
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), "null")
 
 
 def _infer_prop(values: list[Any]) -> dict[str, Any]:

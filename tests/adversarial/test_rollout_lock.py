@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 
 
 def _cli(out: Path, *extra: str) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "composer_replication.datagen.rollout", "--out", str(out)]
+    argv = [sys.executable, "-m", "composer_replication.cli.main", "rollout", "--out", str(out)]
     argv += ["--sandbox", "bwrap", *extra]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -17,7 +17,7 @@ from composer_replication.diloco.serverless import (
     ServerlessExecutor,
     get_executor,
 )
-from composer_replication.diloco.serverless.executor import Launch
+from composer_replication.diloco.serverless.executor import Launch, state_map
 
 
 def _cfg(tmp_path, rounds=1):
@@ -320,3 +320,17 @@ def test_eks_for_real(tmp_path):
     finally:
         ex.delete_job()
     assert [r.state for r in results] == ["succeeded"] * 2
+
+
+def test_state_map_reads_a_provider_vocabulary_per_normalised_state():
+    """Each backend's table (hf_jobs, sagemaker, eks) is written per replica state; a keyword that is not
+    one of the normalised states is an error naming it, not a silently dead row."""
+    from composer_replication.diloco.serverless import eks, hf_jobs, sagemaker
+
+    assert state_map(running="RUNNING", cancelled=("CANCELED", "DELETED")) == {
+        "RUNNING": "running", "CANCELED": "cancelled", "DELETED": "cancelled",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"\['runing'\] are not replica states"):
+        state_map(runing="RUNNING")
+    assert hf_jobs._STAGES["DELETED"] == "cancelled" and sagemaker._STATUS["Stopping"] == "running"
+    assert eks._PHASE["Failed"] == "pending"  # its Job retries the pod

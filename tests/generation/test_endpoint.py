@@ -147,6 +147,7 @@ def test_a_rollout_driven_through_the_endpoint_from_the_cli(tmp_path):
     """``rollout --policy URL``: the server answers with the task's oracle steps, one per turn."""
     import argparse
 
+    from composer_replication.cli import rollout as rollout_cli
     from composer_replication.datagen import rollout
     from composer_replication.datagen.tasks import bundled_tasks
 
@@ -158,11 +159,11 @@ def test_a_rollout_driven_through_the_endpoint_from_the_cli(tmp_path):
         return steps[min(sum(m["role"] == "assistant" for m in messages), len(steps) - 1)]
 
     p = argparse.ArgumentParser()
-    rollout.add_arguments(p)
+    rollout_cli.add_arguments(p)
     with FakeOpenRouter(responder=respond) as srv:
         args = p.parse_args(["--out", str(tmp_path), "--tasks", "write_word", "--policy", srv.base_url,
                              "--endpoint-model", "served-model"])  # fmt: skip
-        assert rollout.run(args) == 0
+        assert rollout_cli.run(args) == 0
         assert {k[0] for k in srv.counts} == {"served-model"}
     row = json.loads((tmp_path / "rollouts.jsonl").read_text().splitlines()[0])
     assert (row["status"], row["reward"], row["turns"]) == ("ok", 1.0, len(steps))

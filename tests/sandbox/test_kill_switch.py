@@ -215,7 +215,8 @@ def test_rollout_cli_exits_with_kill_switch_code(tmp_path):
         [
             sys.executable,
             "-m",
-            "composer_replication.datagen.rollout",
+            "composer_replication.cli.main",
+            "rollout",
             "--out",
             str(out),
             "--stop-file",

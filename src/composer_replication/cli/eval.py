@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from composer_replication.cli._agent import add_agent_arguments
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("tasks", type=Path, metavar="TASKS", help="a directory of task folders")
@@ -31,24 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="where eval.json is written")
     parser.add_argument("--samples", type=int, default=1, metavar="K", help="attempts per task (pass@K)")
-    parser.add_argument(
-        "--harness", choices=["claude_code", "codex"],
-        help="the tools of tasks whose provenance names no harness (default: the sandbox's four tools)",
+    add_agent_arguments(
+        parser, per="attempt",
+        harness_help="the tools of tasks whose provenance names no harness (default: the sandbox's four tools)",
     )  # fmt: skip
-    parser.add_argument("--max-turns", type=int, default=8, metavar="N", help="model turns per attempt")
-    parser.add_argument("--max-tokens", type=int, metavar="N", help="generated tokens per attempt")
-    parser.add_argument("--max-wall-s", type=float, metavar="S", help="seconds per attempt")
     parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="tokens per model turn")
     parser.add_argument(
         "--temperature", type=float, metavar="T",
         help="sampling temperature (default 0, greedy, with one sample; 0.7 with --samples above 1)",
     )  # fmt: skip
-    parser.add_argument(
-        "--endpoint-model", default="default", metavar="NAME", help="with an endpoint URL: the model name"
-    )
-    parser.add_argument(
-        "--sandbox", choices=["bwrap", "docker"], help="sandbox backend (default: what is there)"
-    )
 
 
 def _limits(args: argparse.Namespace) -> dict[str, object]:

@@ -15,6 +15,17 @@ from typing import Any
 
 from composer_replication.cli._types import MAX_AUTO_JOBS, jobs, non_negative_int, positive_int
 
+# The on/off flags of `ingest` (argparse ``store_true``): flag, what it turns on.
+_SWITCHES = (
+    ("--no-redact", "DANGEROUS: keep API keys and passwords in the output"),
+    ("--yes-i-know", "confirm --no-redact without a prompt"),
+    ("--include-sidechains", "also ingest subagent transcripts as their own traces"),
+    ("--keep-thinking", "keep [THINKING] blocks in the history given to teachers"),
+    ("--keep-trivial", "also keep empty and warmup sessions"),
+    ("--force", "re-read every file instead of resuming"),
+    ("--no-progress", "no progress bar"),
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -29,18 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="output folder for states.jsonl, traces.jsonl, ingest_stats.json",
     )
-    parser.add_argument(
-        "--no-redact", action="store_true", help="DANGEROUS: keep API keys and passwords in the output"
-    )
-    parser.add_argument("--yes-i-know", action="store_true", help="confirm --no-redact without a prompt")
-    parser.add_argument(
-        "--include-sidechains",
-        action="store_true",
-        help="also ingest subagent transcripts as their own traces",
-    )
-    parser.add_argument(
-        "--keep-thinking", action="store_true", help="keep [THINKING] blocks in the history given to teachers"
-    )
+    for flag, what in _SWITCHES:
+        parser.add_argument(flag, action="store_true", help=what)
     parser.add_argument(
         "--max-history-tokens",
         type=non_negative_int,
@@ -54,8 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="size cap of one traces.jsonl example (estimated tokens)",
     )
     add_filter_arguments(parser)
-    parser.add_argument("--keep-trivial", action="store_true", help="also keep empty and warmup sessions")
-    parser.add_argument("--force", action="store_true", help="re-read every file instead of resuming")
     parser.add_argument(
         "--jobs",
         type=jobs,
@@ -64,7 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"worker processes: project folders are parsed in parallel, same output (default: auto, one per "
         f"CPU core, at most {MAX_AUTO_JOBS}; 1: this process only)",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:

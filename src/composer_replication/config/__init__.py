@@ -6,6 +6,7 @@
 - ``config.loss``: the ``loss`` section; SDPO and preference variants chosen by ``type``.
 - ``config.train``: the trainer's ``TrainConfig`` (``load_config``, ``build_config``).
 - ``config.run``: the pipeline's ``RunConfig`` (``load_run_config``), which embeds the trainer's fields.
+- ``config.sections``: ``RunConfig``'s sections (sources, replay and its defaults, pairs, evaluate, ...).
 - ``config.tasks``: the run's ``tasks`` section (``TasksConfig``): tasks from your sessions, before/after.
 - ``config.replica``: the DiLoCo replica's ``ReplicaConfig`` (``load_replica_config``).
 

@@ -52,11 +52,8 @@ from composer_replication.datagen.sandbox_base import (
     SandboxContext,
     SandboxError,
     SandboxLimits,
-    check_command,
-    check_ro_binds,
-    limit_violations,
+    exec_result,
     safe_relpath,
-    truncate_output,
 )
 from composer_replication.datagen.seccomp import deny_filter
 
@@ -102,8 +99,7 @@ class BwrapSandbox(SandboxContext):
         workspace_tmpfs: bool | None = None,
         ro_binds: dict[str, str] | None = None,
     ) -> None:
-        self.limits = limits or SandboxLimits()
-        self.ro_binds = check_ro_binds(ro_binds)
+        super().__init__(limits, ro_binds)
         self._given_workspace = Path(workspace) if workspace is not None else None
         self.workspace: Path | None = None
         self.sandbox_uid = sandbox_uid
@@ -247,7 +243,6 @@ class BwrapSandbox(SandboxContext):
         """
         if self.workspace is None:
             raise SandboxError("sandbox not started: use `with make_sandbox(...) as sb:` or call start()")
-        violations = check_command(cmd)
         t0 = time.monotonic()
         cgroup = None
         if self._cgroup_mode:
@@ -290,25 +285,24 @@ class BwrapSandbox(SandboxContext):
         finally:
             if cgroup:
                 cgroup.close()
-        output = truncate_output(raw, self.limits.output_bytes)
-        if (returncode == 1 and output.startswith("bwrap:")) or (
-            returncode == 125 and output.startswith("cr-cgroup:")
+        elapsed = time.monotonic() - t0
+        r = exec_result(
+            cmd, raw, returncode, timed_out=timed_out, elapsed=elapsed, output_bytes=self.limits.output_bytes,
+            fired=fired,
+        )  # fmt: skip
+        if (returncode == 1 and r.output.startswith("bwrap:")) or (
+            returncode == 125 and r.output.startswith("cr-cgroup:")
         ):
-            raise SandboxError(f"bubblewrap failed to set up the sandbox: {output.strip() or returncode}")
-        if timed_out:
-            violations.append("timeout")
-        violations += [
-            v for v in dict.fromkeys(limit_violations(output, returncode) + fired) if v not in violations
-        ]
+            raise SandboxError(f"bubblewrap failed to set up the sandbox: {r.output.strip() or returncode}")
         if self._tmpfs is None and self.workspace is not None:
             used = bwrap_limits.directory_bytes(self.workspace)
             if used > self.limits.workspace_mb * _MiB:
-                violations.append("workspace_limit")
-                output += (
+                r.violations.append("workspace_limit")
+                r.output += (
                     f"\n[workspace holds {used // _MiB} MiB, over workspace_mb={self.limits.workspace_mb}]"
                 )
-                returncode = returncode or 1
-        return ExecResult(output, returncode, timed_out, time.monotonic() - t0, violations)
+                r.returncode = r.returncode or 1
+        return r
 
     # ----------------------------------------------------------------- files
     def _host_path(self, path: str) -> Path:

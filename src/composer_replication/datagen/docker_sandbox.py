@@ -58,11 +58,8 @@ from composer_replication.datagen.sandbox_base import (  # re-exported: the §16
     SandboxContext,
     SandboxError,
     SandboxLimits,
-    check_command,
-    check_ro_binds,
-    limit_violations,
+    exec_result,
     safe_relpath,
-    truncate_output,
 )
 
 __all__ = [
@@ -161,8 +158,7 @@ class DockerSandbox(SandboxContext):
         user: str = "65534:65534",
         ro_binds: dict[str, str] | None = None,
     ) -> None:
-        self.limits = limits or SandboxLimits()
-        self.ro_binds = check_ro_binds(ro_binds)
+        super().__init__(limits, ro_binds)
         self.image = image
         self.executable = executable
         self.runtime = runtime
@@ -313,7 +309,6 @@ class DockerSandbox(SandboxContext):
         return process_cgroup_events(self._init_pid) if self._init_pid else {}
 
     def exec(self, cmd: str, timeout: float = 30.0) -> ExecResult:
-        violations = check_command(cmd)
         t0 = time.monotonic()
         before = self._events()
         r = self._run(self.exec_argv(cmd, timeout), timeout)
@@ -323,16 +318,12 @@ class DockerSandbox(SandboxContext):
         elapsed = time.monotonic() - t0
         after = self._events()
         timed_out = r.returncode == 137 and elapsed >= timeout * 0.95
-        if timed_out:
-            violations.append("timeout")
-        output = truncate_output(r.stdout + r.stderr, self.limits.output_bytes)
-        fired = limit_violations(output, r.returncode)
-        if after.get("oom_kill", 0) > before.get("oom_kill", 0):
-            fired.append("memory_limit")
-        if after.get("pids_max", 0) > before.get("pids_max", 0):
-            fired.append("nproc_limit")
-        violations += [v for v in dict.fromkeys(fired) if v not in violations]
-        return ExecResult(output, -1 if timed_out else r.returncode, timed_out, elapsed, violations)
+        counters = (("oom_kill", "memory_limit"), ("pids_max", "nproc_limit"))  # cgroup event -> the limit
+        fired = [limit for key, limit in counters if after.get(key, 0) > before.get(key, 0)]
+        return exec_result(
+            cmd, r.stdout + r.stderr, r.returncode, timed_out=timed_out, elapsed=elapsed,
+            output_bytes=self.limits.output_bytes, fired=fired,
+        )  # fmt: skip
 
     def put(self, path: str, data: bytes | str) -> None:
         rel = shlex.quote(safe_relpath(path))

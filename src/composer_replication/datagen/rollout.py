@@ -20,9 +20,7 @@ must be excluded from training (`trainable` filters them), never scored 0.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -38,6 +36,7 @@ from composer_replication.datagen.claude_log import SessionLog
 from composer_replication.datagen.codex_log import CodexRolloutLog
 from composer_replication.datagen.harness import (
     Budget,
+    Toolset,
     check_harness,
     harness_schemas,
     log_format,
@@ -45,11 +44,11 @@ from composer_replication.datagen.harness import (
     output_tokens,
 )
 from composer_replication.datagen.sandbox import Sandbox, SandboxError, make_sandbox
-from composer_replication.datagen.tasks import Task, bundled_tasks, check_name, path_inside
+from composer_replication.datagen.tasks import Task, check_name, path_inside
 from composer_replication.datagen.tools import TOOL_SCHEMAS, format_tool_call, parse_tool_calls
 from composer_replication.datagen.verifier import OnProtected, Verdict, verify
 from composer_replication.datagen.workspace import put_task_files
-from composer_replication.safety.kill_switch import EXIT_KILL_SWITCH, KillSwitch, KillSwitchTriggered
+from composer_replication.safety.kill_switch import EXIT_KILL_SWITCH, KillSwitchTriggered
 from composer_replication.safety.stop import Stop, as_stop
 
 Policy = Callable[[list[dict[str, Any]]], str]  # chat messages -> assistant text (tool calls inline)
@@ -111,7 +110,9 @@ class HFPolicy:
         self.tools = list(TOOL_SCHEMAS if tools is None else tools)
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.model_name = getattr(getattr(model, "config", None), "_name_or_path", None) or "hf-model"
-        self.engine = LocalEngine(model, tokenizer, render=lambda m: wire.render_ids(tokenizer, m, self.tools))
+        self.engine = LocalEngine(
+            model, tokenizer, render=lambda m: wire.render_ids(tokenizer, m, self.tools)
+        )
 
     def __call__(self, messages: list[dict[str, Any]]) -> str:
         from composer_replication.generation.local import generate_params
@@ -190,6 +191,26 @@ def _split_blocks(text: str, calls: list[dict[str, Any]], id_prefix: str = "tool
     return blocks
 
 
+def _call_tool(
+    toolset: Toolset,
+    block: dict[str, Any],
+    timeout: float,
+    result: RolloutResult,
+    stop: Stop,
+    log: SessionLog | CodexRolloutLog | None,
+) -> dict[str, Any]:
+    """Run one ``tool_use`` block in the sandbox: its sandbox violations go to ``result`` and ``stop``,
+    its result to the log; returns the tool turn the policy sees next."""
+    outcome = toolset.call(block["name"], block["input"], timeout=timeout)
+    for v in outcome.violations:
+        result.violations.append(v)
+        stop.observe(violation=(v, json.dumps(block["input"])[:300]))
+    if log:
+        log.tool_result(block["id"], outcome.content, outcome.is_error, outcome.tool_use_result)
+    err = outcome.content if outcome.is_error else None
+    return {"role": "tool", "name": block["name"], "content": outcome.content, "tool_error": err}
+
+
 def run_rollout(
     task: Task,
     policy: Policy,
@@ -244,20 +265,8 @@ def run_rollout(
                     end = "done"
                     break
                 for block in (b for b in blocks if b["type"] == "tool_use"):
-                    outcome = toolset.call(
-                        block["name"], block["input"], timeout=budget.tool_timeout(tool_timeout)
-                    )
-                    for v in outcome.violations:
-                        result.violations.append(v)
-                        stop.observe(violation=(v, json.dumps(block["input"])[:300]))
-                    if log:
-                        log.tool_result(
-                            block["id"], outcome.content, outcome.is_error, outcome.tool_use_result
-                        )
-                    err = outcome.content if outcome.is_error else None
-                    turns.append(
-                        {"role": "tool", "name": block["name"], "content": outcome.content, "tool_error": err}
-                    )
+                    timeout = budget.tool_timeout(tool_timeout)
+                    turns.append(_call_tool(toolset, block, timeout, result, stop, log))
             result.end_reason = end
             if log:
                 log.end(end)
@@ -314,96 +323,6 @@ def run_rollouts(
                 results.append(r)
         return results
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """CLI options (``composer-replication rollout`` and ``python3 -m composer_replication.datagen.rollout``)."""
-    p.add_argument("--out", required=True, help="output directory (sessions/ and rollouts.jsonl)")
-    p.add_argument("--tasks", nargs="*", help="bundled task names (default: all)")
-    p.add_argument(
-        "--policy",
-        default="oracle",
-        help="'oracle', a path to a HF model directory, or an OpenAI-compatible endpoint's base URL (http(s)://.../v1)",
-    )
-    p.add_argument(
-        "--endpoint-model", default="default", help="with an endpoint URL: the model name to ask for"
-    )
-    p.add_argument(
-        "--sandbox",
-        choices=["bwrap", "docker", "podman"],
-        default=None,
-        help="sandbox backend (default: docker when its daemon answers and the image is built, else bwrap)",
-    )
-    p.add_argument("--stop-file", default=None, help="stop (exit 3) when this file exists")
-    p.add_argument(
-        "--max-turns", type=int, default=8, help="agent turns per rollout before it stops (default 8)"
-    )
-    p.add_argument("--harness", choices=["claude_code", "codex"], default=None, help="tools and log format")
-    p.add_argument(
-        "--max-tokens", type=int, default=None, help="end a rollout after this many generated tokens"
-    )
-    p.add_argument("--max-wall-s", type=float, default=None, help="end a rollout after this many seconds")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the rollouts; raises `KillSwitchTriggered` (exit code 3 in the CLI) when the switch fires."""
-    available = bundled_tasks()
-    unknown = set(args.tasks or []) - set(available)
-    if unknown:
-        raise ValueError(f"unknown task(s) {sorted(unknown)}; bundled: {sorted(available)}")
-    tasks = [available[n] for n in (args.tasks or sorted(available))]
-    if args.policy == "oracle":
-        policy_for: Callable[[Task], Policy] = lambda task: oracle_policy(task, args.harness)  # noqa: E731
-    elif args.policy.startswith(("http://", "https://")):
-        from composer_replication.teacher_replay.endpoint import OpenAIEndpoint
-        from composer_replication.teacher_replay.keys import resolve_api_key
-
-        endpoint = EndpointPolicy(
-            OpenAIEndpoint(args.policy, args.endpoint_model, api_key=resolve_api_key(None, "OPENAI_API_KEY"))
-        )
-        policy_for = lambda task: endpoint  # noqa: E731
-    else:
-        from composer_replication.models import load_model_and_tokenizer
-
-        hf = HFPolicy(*load_model_and_tokenizer(args.policy))
-        policy_for = lambda task: hf  # noqa: E731
-    out = Path(args.out)
-    with KillSwitch(stop_file=args.stop_file, log_path=out / "kill_switch.jsonl") as switch:
-        results = run_rollouts(
-            tasks,
-            policy_for,
-            out,
-            stop=switch,
-            max_turns=args.max_turns,
-            harness=args.harness,
-            max_tokens=args.max_tokens,
-            max_wall_s=args.max_wall_s,
-            sandbox_factory=lambda: make_sandbox(args.sandbox),
-        )
-    for r in results:
-        line = {"rollout_id": r.rollout_id, "status": r.status, "reward": r.reward, "end": r.end_reason}
-        print(json.dumps(line | {"reward_hack": r.reward_hack}))
-    hacks = sum(r.reward_hack for r in results)
-    print(f"{len(results)} rollouts, reward_hack_attempts={hacks}", file=sys.stderr)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python3 -m composer_replication.datagen.rollout", description=__doc__.split("\n")[0]
-    )
-    add_arguments(p)
-    try:
-        return run(p.parse_args(argv))
-    except KillSwitchTriggered as e:
-        print(f"stopped: {e.reason}", file=sys.stderr)
-        return e.exit_code
-    except (ValueError, PermissionError) as e:  # PermissionError: DirectoryInUse
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 __all__ = [
     "EXIT_KILL_SWITCH",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, Self, runtime_checkable
@@ -22,6 +23,7 @@ __all__ = [
     "SandboxType",
     "check_command",
     "check_ro_binds",
+    "exec_result",
     "limit_violations",
     "safe_relpath",
     "truncate_output",
@@ -109,7 +111,12 @@ class Sandbox(Protocol):
 
 
 class SandboxContext(ABC):
-    """What every backend shares: ``with sandbox:`` starts it and stops it on the way out."""
+    """What every backend shares: its ``limits`` and checked ``ro_binds``; ``with sandbox:`` starts it and
+    stops it on the way out."""
+
+    def __init__(self, limits: SandboxLimits | None, ro_binds: dict[str, str] | None) -> None:
+        self.limits = limits or SandboxLimits()
+        self.ro_binds = check_ro_binds(ro_binds)
 
     @abstractmethod
     def start(self) -> None: ...
@@ -123,6 +130,30 @@ class SandboxContext(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def exec_result(
+    cmd: str,
+    raw: bytes,
+    returncode: int,
+    *,
+    timed_out: bool,
+    elapsed: float,
+    output_bytes: int,
+    fired: Sequence[str] = (),
+) -> ExecResult:
+    """The `ExecResult` of a finished command: its output (``raw`` cut at ``output_bytes``), ``returncode``
+    (-1 when ``timed_out``) and its violations, each once, in this order: the policy's hits on ``cmd``
+    (`check_command`), ``timeout``, then the limits that fired: those its output and exit code show
+    (`limit_violations`) and those the backend saw (``fired``: its cgroup's events)."""
+    output = truncate_output(raw, output_bytes)
+    violations = check_command(cmd)
+    if timed_out:
+        violations.append("timeout")
+    violations += [
+        v for v in dict.fromkeys([*limit_violations(output, returncode), *fired]) if v not in violations
+    ]
+    return ExecResult(output, -1 if timed_out else returncode, timed_out, elapsed, violations)
 
 
 def limit_violations(output: str, returncode: int) -> list[str]:

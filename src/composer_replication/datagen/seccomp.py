@@ -38,32 +38,25 @@ CLONE_NEW_MASK = (
     0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
 )
 
-# AUDIT_ARCH_* -> syscall numbers; "x32" marks the one ABI whose numbers carry X32_SYSCALL_BIT.
+# Syscall numbers from the kernel headers, one column per ABI: x86_64, i386, aarch64, 32-bit ARM.
+_NR = {
+    "add_key":     (248, 286, 217, 309),
+    "request_key": (249, 287, 218, 310),
+    "keyctl":      (250, 288, 219, 311),
+    "unshare":     (272, 310, 97, 337),
+    "setns":       (308, 346, 268, 375),
+    "clone":       (56, 120, 220, 120),
+    "clone3":      (435, 435, 435, 435),
+}  # fmt: skip
+# Each architecture's ABIs: (AUDIT_ARCH_*, its column of _NR, whether the x32 ABI, whose numbers carry
+# X32_SYSCALL_BIT, shares its AUDIT_ARCH).
+_ABIS = {
+    "x86_64": [(0xC000003E, 0, True), (0x40000003, 1, False)],
+    "aarch64": [(0xC00000B7, 2, False), (0x40000028, 3, False)],
+}
 _ARCHES: dict[str, list[tuple[int, dict[str, int], bool]]] = {
-    "x86_64": [
-        (
-            0xC000003E,
-            dict(add_key=248, request_key=249, keyctl=250, unshare=272, setns=308, clone=56, clone3=435),
-            True,
-        ),
-        (
-            0x40000003,
-            dict(add_key=286, request_key=287, keyctl=288, unshare=310, setns=346, clone=120, clone3=435),
-            False,
-        ),
-    ],
-    "aarch64": [
-        (
-            0xC00000B7,
-            dict(add_key=217, request_key=218, keyctl=219, unshare=97, setns=268, clone=220, clone3=435),
-            False,
-        ),
-        (
-            0x40000028,
-            dict(add_key=309, request_key=310, keyctl=311, unshare=337, setns=375, clone=120, clone3=435),
-            False,
-        ),
-    ],
+    arch: [(audit, {name: row[col] for name, row in _NR.items()}, x32) for audit, col, x32 in abis]
+    for arch, abis in _ABIS.items()
 }
 DENIED = ("keyctl", "add_key", "request_key", "unshare", "setns")
 

@@ -21,6 +21,7 @@ from composer_replication import tool_schemas, wire
 from composer_replication.ingestion._session import (
     BuildOptions,
     Conversation,
+    Event,
     IngestionStats,
     mark_repeats,
     render_action,
@@ -119,12 +120,7 @@ def _build_one(conv: Conversation, trace_id: str, opts: BuildOptions, stats: Ing
         for ev in seg:
             if ev.kind == "assistant":
                 stats.n_assistant_turns += 1
-                blocks = ev.blocks or []
-                action = render_action(blocks, thinking=True)
-                if opts.strip_thinking and any(b.kind == "thinking" for b in blocks):
-                    hist = render_action(blocks, thinking=False)
-                else:
-                    hist = action
+                action = render_action(ev.blocks or [], thinking=True)
                 sid = f"{trace_id}::{idx:04d}"
                 if action:
                     idx += 1
@@ -143,29 +139,10 @@ def _build_one(conv: Conversation, trace_id: str, opts: BuildOptions, stats: Ing
                 else:
                     stats.n_empty_turns += 1
                 last_error = None
-                calls = [
-                    {"name": b.name, "arguments": b.input, **({"id": b.id} if b.id else {})}
-                    for b in ev.blocks or []
-                    if b.kind == "tool_use"
-                ]
-                turn: dict[str, Any] = {
-                    "role": "assistant",
-                    "content": hist,
-                    "tool_call": calls[0] if calls else None,
-                    "tool_calls": calls,
-                    "state_id": sid if action else None,
-                }
+                turn = _assistant_turn(ev, action, sid if action else None, opts)
             elif ev.kind == "tool":
-                turn = {"role": "tool", "name": ev.tool_name, "content": ev.text, "tool_error": ev.error}
-                if ev.tool_use_id:
-                    turn["tool_call_id"] = ev.tool_use_id
-                if ev.agent_id:
-                    turn["agent_id"] = ev.agent_id
-                if ev.error is not None:
-                    meta = dict(ev.error_meta or {})
-                    meta.setdefault("available_tools", tools)
-                    turn["error_meta"] = meta
-                    last_error = meta
+                turn = _tool_turn(ev, tools)
+                last_error = turn.get("error_meta", last_error)
             elif ev.kind == "context":
                 turn = {"role": "context", "kind": ev.context_kind, "content": ev.text}
             else:
@@ -179,6 +156,41 @@ def _build_one(conv: Conversation, trace_id: str, opts: BuildOptions, stats: Ing
         trace.examples.extend(_examples(turns, seg_start, trace_id, seg_no, opts, len(trace.examples)))
     stats.n_examples += len(trace.examples)
     return trace
+
+
+def _assistant_turn(ev: Event, action: str, sid: str | None, opts: BuildOptions) -> dict[str, Any]:
+    """The assistant turn of event ``ev``: its action as the history shows it (thinking stripped when
+    ``opts.strip_thinking``), its tool calls and the state it is (``sid``, None for an empty action)."""
+    blocks = ev.blocks or []
+    hist = action
+    if opts.strip_thinking and any(b.kind == "thinking" for b in blocks):
+        hist = render_action(blocks, thinking=False)
+    calls = [
+        {"name": b.name, "arguments": b.input, **({"id": b.id} if b.id else {})}
+        for b in blocks
+        if b.kind == "tool_use"
+    ]
+    return {
+        "role": "assistant",
+        "content": hist,
+        "tool_call": calls[0] if calls else None,
+        "tool_calls": calls,
+        "state_id": sid,
+    }
+
+
+def _tool_turn(ev: Event, tools: list[str]) -> dict[str, Any]:
+    """The tool turn of event ``ev``; a failed call carries ``error_meta`` (with the session's tools)."""
+    turn: dict[str, Any] = {"role": "tool", "name": ev.tool_name, "content": ev.text, "tool_error": ev.error}
+    if ev.tool_use_id:
+        turn["tool_call_id"] = ev.tool_use_id
+    if ev.agent_id:
+        turn["agent_id"] = ev.agent_id
+    if ev.error is not None:
+        meta = dict(ev.error_meta or {})
+        meta.setdefault("available_tools", tools)
+        turn["error_meta"] = meta
+    return turn
 
 
 def _add(
@@ -214,23 +226,18 @@ def _examples(
     opts: BuildOptions,
     first_no: int,
 ) -> list[dict[str, Any]]:
-    """Cut one segment's turns into example references (see docs/ingestion.md, "traces.jsonl").
-
-    * ``episode``: from one human prompt (with the harness context around it) to the next, split into chunks
-      of at most ``example_max_tokens`` (later chunks reopen with the prompt so that they stand alone);
-    * ``error_site``: for each failed tool call followed (past other results and harness context) by an
-      assistant turn, the preceding history within the budget, the failure and the recovery turn, which ends
-      the example.
-    """
+    """Cut one segment's turns into example references (see docs/ingestion.md, "traces.jsonl"): the
+    ``episode`` chunks of :func:`_episode_spans`, then the ``error_site`` spans of :func:`_error_site_spans`
+    (numbered from ``first_no``); a span without an assistant turn is left out."""
     turns = all_turns[seg_start:]
-    out: list[dict[str, Any]] = []
     budget = opts.example_max_tokens
     tok = [_tokens(t, opts) for t in turns]  # each turn's estimate, once (error sites reuse them)
-
-    def emit(kind: str, opening: list[int], a: int, b: int) -> None:
-        chosen = [turns[i] for i in opening] + turns[a:b]
-        if not any(t["role"] == "assistant" for t in chosen):
-            return
+    spans = [("episode", *s) for s in _episode_spans(turns, tok, budget)]
+    spans += [("error_site", [], a, b) for a, b in _error_site_spans(turns, tok, budget)]
+    out: list[dict[str, Any]] = []
+    for kind, opening, a, b in spans:
+        if not any(turns[i]["role"] == "assistant" for i in (*opening, *range(a, b))):
+            continue
         ref: dict[str, Any] = {
             "example_id": f"{trace_id}#{kind}{first_no + len(out):04d}",
             "trace_id": trace_id,
@@ -241,8 +248,15 @@ def _examples(
         if opening:
             ref["open"] = [seg_start + i for i in opening]
         out.append(ref)
+    return out
 
-    # Episodes: a run of user-side turns (user text, harness context) holding a human prompt opens one.
+
+def _episode_spans(
+    turns: list[dict[str, Any]], tok: list[int], budget: int
+) -> list[tuple[list[int], int, int]]:
+    """``(opening, a, b)`` per episode chunk: a run of user-side turns (user text, harness context) holding a
+    human prompt opens an episode; one longer than ``budget`` tokens is cut before an assistant turn, and
+    each later chunk reopens with the episode's opening turns."""
     bounds = []
     i = 0
     while i < len(turns):
@@ -258,6 +272,7 @@ def _examples(
     if not bounds or bounds[0] != 0:
         bounds = [0, *bounds]
     bounds.append(len(turns))
+    spans: list[tuple[list[int], int, int]] = []
     for a, b in zip(bounds, bounds[1:], strict=False):
         i = a
         while i < b and turns[i]["role"] in USER_SIDE:
@@ -268,19 +283,18 @@ def _examples(
         for k in range(i, b):
             cost = tok[k]
             if used + cost > budget and has_asst and turns[k]["role"] == "assistant":
-                if chunk_start == a:
-                    emit("episode", [], a, k)
-                else:
-                    emit("episode", opening, chunk_start, k)
+                spans.append(([] if chunk_start == a else opening, chunk_start, k))
                 chunk_start, used, has_asst = k, cost0, False
             used += cost
             has_asst = has_asst or turns[k]["role"] == "assistant"
-        if chunk_start == a:
-            emit("episode", [], a, b)
-        else:
-            emit("episode", opening, chunk_start, b)
+        spans.append(([] if chunk_start == a else opening, chunk_start, b))
+    return spans
 
-    # Error sites.
+
+def _error_site_spans(turns: list[dict[str, Any]], tok: list[int], budget: int) -> list[tuple[int, int]]:
+    """``(a, b)`` per failed tool call followed (past other results and harness context) by an assistant
+    turn: the history before it within ``budget`` tokens, the failure, and the recovery turn (ending it)."""
+    spans = []
     for i, t in enumerate(turns):
         if t["role"] != "tool" or t.get("tool_error") is None:
             continue
@@ -294,8 +308,8 @@ def _examples(
         while k > 0 and used + tok[k - 1] <= budget:
             k -= 1
             used += tok[k]
-        emit("error_site", [], k, j + 1)
-    return out
+        spans.append((k, j + 1))
+    return spans
 
 
 def example_turns(trace: Trace, ref: dict[str, Any]) -> list[dict[str, Any]]:

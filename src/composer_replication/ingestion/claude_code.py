@@ -63,20 +63,8 @@ class ClaudeCodeIngester(SessionIngester):
             get("logicalParentUuid"),
             get("subtype"),
         )
-        # The envelope fields the parser relies on have usable types (what _well_formed checks, inlined).
-        if not (
-            (t is None or type(t) is str)
-            and (uid is None or type(uid) is str)
-            and (par is None or type(par) is str)
-            and (lpar is None or type(lpar) is str)
-            and (sub is None or type(sub) is str)
-        ):
-            raise ValueError("envelope field of the wrong type")
         msg = get("message")
-        if msg is not None and (
-            type(msg) is not dict or ((mid := msg.get("id")) is not None and type(mid) is not str)
-        ):
-            raise ValueError("envelope field of the wrong type")
+        _check_envelope(t, uid, par, lpar, sub, msg)
         sc = get("isSidechain") is True
         if not nested:
             if t not in _KNOWN_TYPES:
@@ -101,17 +89,7 @@ class ClaudeCodeIngester(SessionIngester):
             or r.get("cwd") != ctx.get("cwd")
             or r.get("gitBranch") != ctx.get("branch")
         ):
-            # The context keeps the values as the items hold them (redacted): it is saved in the ingest index.
-            meta = {}
-            for k, f in _META_FIELDS:
-                v = r.get(f)
-                if isinstance(v, str) and v != ctx.get(k):
-                    v = v if k == "sid" else self.redactor.redact(v)
-                    if v != ctx.get(k):
-                        meta[k] = v
-            if meta:
-                ctx.update(meta)
-                it["meta"] = meta
+            self._session_meta(r, ctx, it)
         if t == "assistant" or t == "user":
             if isinstance(get("timestamp"), str):
                 it["ts"] = r["timestamp"]
@@ -127,6 +105,36 @@ class ClaudeCodeIngester(SessionIngester):
             else:
                 self._user(r, msg, it)
             return it
+        return self._other_record(t, sub, r, it, stats, ctx, nested)
+
+    def _session_meta(self, r: dict[str, Any], ctx: dict[str, Any], it: dict[str, Any]) -> None:
+        """The session id, working directory or branch a record changes, on its item (``meta``) and in
+        ``ctx``. The context keeps the values as the items hold them (redacted): it is saved in the ingest
+        index."""
+        meta = {}
+        for k, f in _META_FIELDS:
+            v = r.get(f)
+            if isinstance(v, str) and v != ctx.get(k):
+                v = v if k == "sid" else self.redactor.redact(v)
+                if v != ctx.get(k):
+                    meta[k] = v
+        if meta:
+            ctx.update(meta)
+            it["meta"] = meta
+
+    def _other_record(
+        self,
+        t: Any,
+        sub: Any,
+        r: dict[str, Any],
+        it: dict[str, Any],
+        stats: IngestionStats,
+        ctx: dict[str, Any],
+        nested: bool,
+    ) -> dict[str, Any] | None:
+        """The item of a record that is not a message, by type: a compaction boundary or API error
+        (``system``), the session's title (``summary``, ``ai-title``, ``custom-title``), context the
+        model saw (``attachment``), a subagent's message (``progress``); the rest is display-only."""
         if t == "system":
             if sub == "compact_boundary":
                 it["cb"] = 1
@@ -319,6 +327,22 @@ def _attachment_text(a: dict[str, Any]) -> str:
 
 
 _STR_OR_NONE = ("uuid", "parentUuid", "logicalParentUuid", "type", "subtype")
+
+
+def _check_envelope(t: Any, uid: Any, par: Any, lpar: Any, sub: Any, msg: Any) -> None:
+    """The envelope fields the parser relies on have usable types (what _well_formed checks, unrolled)."""
+    if not (
+        (t is None or type(t) is str)
+        and (uid is None or type(uid) is str)
+        and (par is None or type(par) is str)
+        and (lpar is None or type(lpar) is str)
+        and (sub is None or type(sub) is str)
+    ):
+        raise ValueError("envelope field of the wrong type")
+    if msg is not None and (
+        type(msg) is not dict or ((mid := msg.get("id")) is not None and type(mid) is not str)
+    ):
+        raise ValueError("envelope field of the wrong type")
 
 
 def _well_formed(r: dict[str, Any]) -> bool:

@@ -21,9 +21,9 @@ e-mail addresses at uncommon generic top-level domains. Redaction is pattern bas
 redacted data as sensitive-but-reviewed, not as public.
 
 Every match becomes ``[REDACTED:<type>]``; placeholders never match again, so redaction is idempotent.
-Each rule runs only where one of its short anchors occurs (one Aho-Corasick pass finds all of them); the
-unnamed-token check runs only where a 32-character run occurs (one ``bytes.translate`` + ``find``), so
-ordinary text costs two scans and nothing else.
+Each rule runs only where one of its short anchors occurs (one Aho-Corasick pass, ``_redact_scan``, finds
+all of them); the unnamed-token check runs only where a 32-character run occurs (one ``bytes.translate`` +
+``find``), so ordinary text costs two scans and nothing else.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from typing import Any
 
 from composer_replication.ingestion import _redact_entropy as entropy
 from composer_replication.ingestion._redact_rules import BASE64_PREFIXES, RULES, Find
+from composer_replication.ingestion._redact_scan import RustScanner as _RustScanner
+from composer_replication.ingestion._redact_scan import build_scanner, find_hits
 
 try:
     import orjson as _orjson
@@ -104,75 +106,13 @@ for _prio, (_name, _anchors, _find) in enumerate(RULES):
 _B64_BY_ANCHOR = _b64_anchors({a[0] for a in _BY_ANCHOR})
 
 
-def _build_automaton(words: list[str]) -> Any:
-    """The anchor scanner: ahocorasick_rs where installed (3-4x faster per character on ASCII text, which is
-    most of what is scanned), else pyahocorasick (one C pass for all anchors instead of one str.find per
-    anchor), else ``None`` (:func:`_find_hits`). Both give every occurrence of every anchor."""
-    try:
-        import ahocorasick
-    except ImportError:
-        automaton = None
-    else:
-        automaton = ahocorasick.Automaton()
-        for w in words:
-            automaton.add_word(w, w)
-        automaton.make_automaton()
-    try:
-        import ahocorasick_rs
-    except ImportError:
-        return automaton
-    return _RustScanner(ahocorasick_rs, words, automaton)
-
-
-class _RustScanner:
-    """ahocorasick_rs behind pyahocorasick's ``iter(text) -> (end, anchor)`` interface (all matches, overlapping
-    ones included). A text it cannot take (a lone surrogate has no UTF-8 form) goes to ``fallback``."""
-
-    def __init__(self, module: Any, words: list[str], fallback: Any) -> None:
-        self._words = words
-        # Over the UTF-8 bytes: the str interface maps every position back to characters, several times
-        # slower on non-ASCII text; here only the (rare) hits are mapped.
-        # A DFA: ~3x faster per byte than the default NFA for these ~150 short anchors (a few hundred KB).
-        self._ac = module.BytesAhoCorasick(
-            [w.encode() for w in words],
-            matchkind=module.MatchKind.Standard,
-            implementation=module.Implementation.DFA,
-        )
-        self._fallback = fallback
-
-    def any_in(self, data: bytes) -> bool:
-        """Whether any anchor occurs in ``data`` (UTF-8 bytes)."""
-        return bool(self._ac.find_matches_as_indexes(data, overlapping=False))
-
-    def iter(self, text: str, data: bytes | None = None) -> Iterator[tuple[int, str]]:
-        """``data``: ``text.encode()`` when the caller has it (``None``: encoded here)."""
-        try:
-            data = text.encode() if data is None else data
-        except UnicodeEncodeError:
-            return self._fallback.iter(text) if self._fallback is not None else _find_hits(text)
-        found = self._ac.find_matches_as_indexes(data, overlapping=True)
-        words = self._words
-        if len(data) == len(text):  # ASCII: byte offsets are character offsets
-            return iter([(end - 1, words[i]) for i, _, end in found])
-        hits, b, c = [], 0, 0
-        for i, _, end in sorted(found, key=lambda m: m[2]):  # an anchor ends on a character boundary
-            c += len(data[b:end].decode())
-            b = end
-            hits.append((c - 1, words[i]))
-        return iter(hits)
-
-
 _ALL_ANCHORS = (*_BY_ANCHOR, *_B64_BY_ANCHOR)
-_AUTOMATON = _build_automaton(list(_ALL_ANCHORS))
+_AUTOMATON = build_scanner(list(_ALL_ANCHORS))
 
 
 def _find_hits(text: str) -> Iterator[tuple[int, str]]:
     """``(end, anchor)`` for every anchor occurrence, as the automaton reports them (fallback scan)."""
-    for anchor in _ALL_ANCHORS:
-        pos = text.find(anchor)
-        while pos != -1:
-            yield pos + len(anchor) - 1, anchor
-            pos = text.find(anchor, pos + 1)
+    return find_hits(text, _ALL_ANCHORS)
 
 
 def _b64_lines(text: str, start: int, i: int) -> list[tuple[int, int]]:
@@ -387,11 +327,11 @@ SECRET_TYPES: tuple[str, ...] = (*dict.fromkeys(r[0] for r in RULES), _BASE64, _
 @functools.cache
 def rules_id() -> str:
     """A hash of the redaction rules in use (the bytes of this module and of the rule table's module, as
-    installed: source, bytecode or compiled). Stored text redacted under other rules is redacted again: the
+    installed: source, bytecode or compiled; the scanner's too). Stored text redacted under other rules is redacted again: the
     ingest index keeps it, and a change re-parses every session file."""
-    from composer_replication.ingestion import _redact_rules
+    from composer_replication.ingestion import _redact_rules, _redact_scan
 
-    return files_id([__file__, _redact_rules.__file__, entropy.__file__])
+    return files_id([__file__, _redact_rules.__file__, _redact_scan.__file__, entropy.__file__])
 
 
 def files_id(paths: list[str | None]) -> str:

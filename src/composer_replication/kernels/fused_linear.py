@@ -27,12 +27,12 @@ from composer_replication.kernels.allocator import pin_mmap_threshold
 from composer_replication.kernels.chunked import masked_reduce
 
 __all__ = [
+    "HiddenPair",
     "LMHead",
     "default_fused_chunk_rows",
     "fused_rows",
     "hidden_pair",
     "reduce_fused",
-    "reduce_hidden_pair",
 ]
 
 _CHUNK_BYTES = 40 * 2**20
@@ -267,10 +267,36 @@ def reduce_fused(
     return masked_reduce(run, mask_N, denom, out_shape, dtype)
 
 
-def hidden_pair(
-    student_hidden: torch.Tensor, teacher_hidden: torch.Tensor
-) -> tuple[tuple[int, ...], torch.Tensor, torch.Tensor]:
-    """``(lead, student (N, H), teacher (N, H'))`` for a two-stream loss; checks dtype and (B, T)."""
+@dataclass(frozen=True)
+class HiddenPair:
+    """The two hidden streams of a two-stream loss, flattened to rows: ``student`` (N, H), ``teacher``
+    (N, H'), and ``lead``, the (B, T) they came from (the shape of per-token outputs)."""
+
+    lead: tuple[int, ...]
+    student: torch.Tensor
+    teacher: torch.Tensor
+
+    def reduce(
+        self,
+        row_fn: Callable[..., torch.Tensor],
+        head: LMHead,
+        teacher_head: LMHead | None,
+        *,
+        mask_N: torch.Tensor,
+        denom: torch.Tensor | float | None,
+        chunk_rows: int | None = None,
+    ) -> torch.Tensor:
+        """`reduce_fused` of ``row_fn(student_logits, teacher_logits)`` over the two streams.
+
+        ``teacher_head=None`` projects the teacher with ``head.detached()``: it sends no gradient into the
+        head, as in SDPO where the teacher is a no-grad forward of the same model.
+        """
+        pairs = [(self.student, head), (self.teacher, teacher_head or head.detached())]
+        return reduce_fused(row_fn, pairs, [], mask_N, denom, self.lead, chunk_rows)
+
+
+def hidden_pair(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor) -> HiddenPair:
+    """The `HiddenPair` of a two-stream loss's hidden states; checks their dtype and (B, T)."""
     for name, x in (("student_hidden", student_hidden), ("teacher_hidden", teacher_hidden)):
         if not torch.is_floating_point(x):
             raise ValueError(f"{name} has dtype {x.dtype}; pass floating-point hidden states")
@@ -281,25 +307,4 @@ def hidden_pair(
         )
     lead = tuple(student_hidden.shape[:-1])
     N = math.prod(lead)
-    return lead, student_hidden.reshape(N, -1), teacher_hidden.reshape(N, -1)
-
-
-def reduce_hidden_pair(
-    row_fn: Callable[..., torch.Tensor],
-    student_hidden: torch.Tensor,
-    teacher_hidden: torch.Tensor,
-    head: LMHead,
-    teacher_head: LMHead | None,
-    *,
-    mask_N: torch.Tensor,
-    denom: torch.Tensor | float | None,
-    out_shape: tuple[int, ...],
-    chunk_rows: int | None = None,
-) -> torch.Tensor:
-    """`reduce_fused` of ``row_fn(student_logits, teacher_logits)`` over two (N, H) hidden streams.
-
-    ``teacher_head=None`` projects the teacher with ``head.detached()``: it sends no gradient into the
-    head, as in SDPO where the teacher is a no-grad forward of the same model.
-    """
-    pairs = [(student_hidden, head), (teacher_hidden, teacher_head or head.detached())]
-    return reduce_fused(row_fn, pairs, [], mask_N, denom, out_shape, chunk_rows)
+    return HiddenPair(lead, student_hidden.reshape(N, -1), teacher_hidden.reshape(N, -1))

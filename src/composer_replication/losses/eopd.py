@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from composer_replication.kernels.chunked import reduce_pair
-from composer_replication.kernels.fused_linear import LMHead, hidden_pair, reduce_hidden_pair
+from composer_replication.kernels.fused_linear import LMHead, hidden_pair
 from composer_replication.losses.common import (
     check_engine,
     check_labels,
@@ -162,15 +162,12 @@ def fused_entropy_aware_opd_loss(
     chunk_rows: int | None = None,
 ) -> torch.Tensor:
     """:func:`entropy_aware_opd_loss` on hidden states + LM head (teacher head detached unless given)."""
-    lead, hs, ht = hidden_pair(student_hidden, teacher_hidden)
-    check_labels(labels, lead)
+    pair = hidden_pair(student_hidden, teacher_hidden)
+    check_labels(labels, pair.lead)
     check_args(reduction, temperature, h_max)
-    keep, denom, hm = plan(labels, lead, head.vocab_size, reduction, h_max, hs.device)
-
+    keep, denom, hm = plan(labels, pair.lead, head.vocab_size, reduction, h_max, pair.student.device)
     fn = functools.partial(eopd_rows, h_max=hm, temperature=temperature)
-    return reduce_hidden_pair(
-        fn, hs, ht, head, teacher_head, mask_N=keep, denom=denom, out_shape=lead, chunk_rows=chunk_rows
-    )
+    return pair.reduce(fn, head, teacher_head, mask_N=keep, denom=denom, chunk_rows=chunk_rows)
 
 
 def loss(

@@ -32,7 +32,7 @@ import torch
 
 from composer_replication.kernels.analytic import RowFn, all_finite, log_softmax_
 from composer_replication.kernels.chunked import reduce_pair
-from composer_replication.kernels.fused_linear import LMHead, hidden_pair, reduce_hidden_pair
+from composer_replication.kernels.fused_linear import LMHead, hidden_pair
 from composer_replication.losses.common import (
     check_engine,
     check_labels,
@@ -331,13 +331,11 @@ def fused_generalized_jsd_loss(
     """
     V = head.vocab_size
     check_args(beta, temperature, reduction, top_k, token_clip, V)
-    lead, hs, ht = hidden_pair(student_hidden, teacher_hidden)
-    check_labels(labels, lead)
-    keep, denom = plan(lead, V, labels, reduction, top_k, num_items_in_batch, hs.device)
+    pair = hidden_pair(student_hidden, teacher_hidden)
+    check_labels(labels, pair.lead)
+    keep, denom = plan(pair.lead, V, labels, reduction, top_k, num_items_in_batch, pair.student.device)
     fn = row_fn(beta, temperature, False, top_k, token_clip)
-    return reduce_hidden_pair(
-        fn, hs, ht, head, teacher_head, mask_N=keep, denom=denom, out_shape=lead, chunk_rows=chunk_rows
-    )
+    return pair.reduce(fn, head, teacher_head, mask_N=keep, denom=denom, chunk_rows=chunk_rows)
 
 
 def loss(

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from composer_replication.kernels.chunked import reduce_pair
-from composer_replication.kernels.fused_linear import LMHead, hidden_pair, reduce_hidden_pair
+from composer_replication.kernels.fused_linear import LMHead, hidden_pair
 from composer_replication.losses.common import check_engine, check_labels, check_pair
 
 __all__ = [
@@ -134,13 +134,12 @@ def fused_taid_loss(
 ) -> torch.Tensor:
     """:func:`taid_loss` on hidden states + LM head (teacher head detached unless given)."""
     check_args(t)
-    lead, hs, ht = hidden_pair(student_hidden, teacher_hidden)
-    check_labels(mask, lead, "mask")
-    w, denom = plan(mask, lead, torch.promote_types(hs.dtype, torch.float32), hs.device)
+    pair = hidden_pair(student_hidden, teacher_hidden)
+    check_labels(mask, pair.lead, "mask")
+    dtype = torch.promote_types(pair.student.dtype, torch.float32)
+    w, denom = plan(mask, pair.lead, dtype, pair.student.device)
     fn = functools.partial(taid_rows, t=float(t))
-    return reduce_hidden_pair(
-        fn, hs, ht, head, teacher_head, mask_N=w, denom=denom, out_shape=lead, chunk_rows=chunk_rows
-    )
+    return pair.reduce(fn, head, teacher_head, mask_N=w, denom=denom, chunk_rows=chunk_rows)
 
 
 def loss(

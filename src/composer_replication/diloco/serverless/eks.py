@@ -28,12 +28,20 @@ import time
 from typing import Any
 
 from composer_replication._extras import require
-from composer_replication.diloco.serverless.executor import ExecutorBase, Launch, ReplicaHandle, ReplicaResult
+from composer_replication.diloco.serverless.executor import (
+    ExecutorBase,
+    Launch,
+    ReplicaHandle,
+    ReplicaResult,
+    state_map,
+)
 
 __all__ = ["EKSExecutor", "CANCEL_CONDITION", "parse_indexes"]
 
 CANCEL_CONDITION = "ComposerReplicationCancelled"
-_PHASE = {"Pending": "pending", "Running": "running", "Succeeded": "succeeded", "Failed": "pending"}
+# A pod that Failed reads as pending: its Job retries it (an index out of retries, or a Job that ended, is
+# read from the Job's status before the pod's phase).
+_PHASE = state_map(pending=("Pending", "Failed"), running="Running", succeeded="Succeeded")
 _INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "ExecutorBase",
     "DEFAULT_ENTRYPOINT",
     "REPLICA_MODULE",
+    "STATES",
     "TERMINAL_STATES",
     "entrypoint_name",
     "resolve_entrypoint",
@@ -37,13 +38,25 @@ __all__ = [
     "wait_for_states",
     "results_from_logs",
     "finish",
+    "state_map",
 ]
 
 DEFAULT_ENTRYPOINT = "composer_replication.diloco.replica:run_replica"
 REPLICA_MODULE = "composer_replication.diloco.serverless.replica_entrypoint"
 
-# Normalised replica states; each backend maps its own vocabulary onto these.
+# Normalised replica states; each backend maps its own vocabulary onto these (`state_map`).
+STATES = ("pending", "running", "succeeded", "failed", "cancelled")
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+def state_map(**names: str | tuple[str, ...]) -> dict[str, str]:
+    """A provider's state names -> the normalised replica states, written per normalised state (a keyword,
+    one of `STATES`) with the provider's name or names for it, e.g. ``state_map(running="RUNNING",
+    cancelled=("CANCELED", "DELETED"))``. Backends read a name the map lacks as ``unknown``."""
+    wrong = sorted(set(names) - set(STATES))
+    if wrong:
+        raise ValueError(f"state_map: {wrong} are not replica states; use {', '.join(STATES)}")
+    return {n: state for state, ns in names.items() for n in ((ns,) if isinstance(ns, str) else ns)}
 
 
 @dataclass

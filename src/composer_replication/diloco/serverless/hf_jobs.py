@@ -18,18 +18,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from composer_replication._extras import require
-from composer_replication.diloco.serverless.executor import ExecutorBase, Launch, ReplicaHandle, ReplicaResult
+from composer_replication.diloco.serverless.executor import (
+    ExecutorBase,
+    Launch,
+    ReplicaHandle,
+    ReplicaResult,
+    state_map,
+)
 
 __all__ = ["HFJobsExecutor"]
 
-_STAGES = {
-    "SCHEDULING": "pending",
-    "RUNNING": "running",
-    "COMPLETED": "succeeded",
-    "ERROR": "failed",
-    "CANCELED": "cancelled",
-    "DELETED": "cancelled",
-}
+_STAGES = state_map(
+    pending="SCHEDULING",
+    running="RUNNING",
+    succeeded="COMPLETED",
+    failed="ERROR",
+    cancelled=("CANCELED", "DELETED"),
+)
 
 
 def _hub() -> Any:

@@ -26,18 +26,15 @@ from composer_replication.diloco.serverless.executor import (
     ReplicaResult,
     finish,
     last_json,
+    state_map,
     wait_for_states,
 )
 
 __all__ = ["SageMakerExecutor"]
 
-_STATUS = {
-    "InProgress": "running",
-    "Completed": "succeeded",
-    "Failed": "failed",
-    "Stopping": "running",
-    "Stopped": "cancelled",
-}
+_STATUS = state_map(
+    running=("InProgress", "Stopping"), succeeded="Completed", failed="Failed", cancelled="Stopped"
+)
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
