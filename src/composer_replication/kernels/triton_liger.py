@@ -4,7 +4,7 @@ What is covered: ``backend="trl"`` runs TRL 1.16's ``ChunkedDivergenceFunction``
 CUDA, online log-sum-exp over (4096 × 32768) tiles); ``backend="liger"`` runs Liger-Kernel's
 ``LigerFusedLinearJSDLoss`` (soft loss only). Both reduce to the mean over kept tokens, i.e.
 ``fused_generalized_jsd_loss(..., reduction="batchmean")``, and are checked against that torch path
-by ``tests/largevocab/test_gpu_kernels.py`` (marked ``gpu``).
+by ``tests/kernels/test_gpu_kernels.py`` (marked ``gpu``).
 
 What is not covered: ``top_k``, ``token_clip`` and ``logits_are_probs`` (neither kernel has them;
 use the torch path), TAID and entropy-aware OPD, and any CPU execution of Liger (its Triton kernels

@@ -11,8 +11,8 @@ import pytest
 
 from composer_replication import wire
 
-SESSIONS = Path(__file__).parent / "data" / "sessions"
-SRC = Path(__file__).parents[1] / "src" / "composer_replication"
+SESSIONS = Path(__file__).parents[1] / "data" / "sessions"
+SRC = Path(__file__).parents[2] / "src" / "composer_replication"
 
 
 @pytest.fixture(scope="module")

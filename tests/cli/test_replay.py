@@ -10,7 +10,7 @@ from composer_replication._io import read_jsonl, write_jsonl_atomic
 from composer_replication.cli.main import main
 from composer_replication.teacher_replay.fake_server import Reply
 
-from .conftest import make_states
+from ..teacher_replay._replay_inputs import make_states
 
 READ = '[TOOL_USE] name=Read input={"file_path": "a.py"}'
 

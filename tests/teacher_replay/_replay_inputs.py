@@ -1,19 +1,11 @@
-"""Fixtures for replay tests: a real loopback server speaking the OpenRouter chat-completions subset."""
+"""Inputs for the replay tests (teacher_replay, replaysim, the replay CLI): trace states and teachers
+priced on the loopback ``fake_openrouter`` server (the fixture is in tests/conftest.py)."""
 
 from __future__ import annotations
-
-import pytest
 
 from composer_replication.teacher_replay.fake_server import FakeOpenRouter
 
 SECRET = "sk-or-v1-TEST-SECRET-0123456789abcdef"
-
-
-@pytest.fixture()
-def fake_openrouter():
-    srv = FakeOpenRouter().start()
-    yield srv
-    srv.stop()
 
 
 def make_states(n: int, *, prefix: str = "s", student: str = '[TOOL_USE] name=Bash input={"command": "ls"}'):

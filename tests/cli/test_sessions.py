@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _ingest_builders import CC, text
-
 from composer_replication.ingestion import ingest_paths, read_sessions
+
+from ..ingestion._ingest_builders import CC, text
 
 DATA = Path(__file__).parents[1] / "data" / "sessions"
 
@@ -97,7 +97,7 @@ def test_warmup_and_empty_sessions_are_skipped_and_counted(tmp_path: Path) -> No
 def test_a_session_without_a_title_is_named_by_its_first_request(tmp_path: Path) -> None:
     """No summary/title record: the title is the first user request on one line (a slash command by its
     name and arguments), marked ``title_from``; a title from the log is kept as it is."""
-    from _ingest_builders import CC, text
+    from ..ingestion._ingest_builders import CC, text
 
     s = CC(session="untitled")
     s.user("  Please fix\n\nthe   flaky test in tests/test_io.py " + "and more words " * 10)

@@ -10,8 +10,8 @@ from pathlib import Path
 from composer_replication import tool_schemas as ts
 
 SESSIONS = [
-    Path(__file__).parent / "data" / "sessions",
-    Path(__file__).parents[1]
+    Path(__file__).parents[1] / "data" / "sessions",
+    Path(__file__).parents[2]
     / "src"
     / "composer_replication"
     / "data",  # the bundled demo and learning sessions

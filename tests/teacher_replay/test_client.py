@@ -15,7 +15,7 @@ from composer_replication.teacher_replay import replay_trace
 from composer_replication.teacher_replay.client import RetryPolicy, price_run, replay_states
 from composer_replication.teacher_replay.fake_server import Reply
 
-from .conftest import SECRET, make_states, make_teachers
+from ._replay_inputs import SECRET, make_states, make_teachers
 
 FAST = RetryPolicy(max_attempts=4, backoff_base_s=0.001, backoff_max_s=0.01)
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from composer_replication.teacher_replay.client import RetryPolicy, replay_states
 from composer_replication.teacher_replay.fake_server import FakeOpenRouter, Reply
 
-from .conftest import make_states
+from ._replay_inputs import make_states
 
 FAULTS = [
     Reply(kind="http_error", status=429, retry_after="0"),

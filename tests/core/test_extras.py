@@ -13,7 +13,7 @@ import pytest
 
 from composer_replication._extras import EXTRAS, MissingExtraError, is_available, require
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_extra_named_in_code_is_declared_in_pyproject():
