@@ -87,3 +87,17 @@ def test_a_good_rollout_writes_its_log_inside_the_directory(tmp_path):
     task = Task(name="ok", instruction="i", test_command="true")
     r = run_rollout(task, ScriptedPolicy([]), rollout_id="ok-000", log_dir=tmp_path / "sessions")
     assert Path(r.session_log).resolve().parent == (tmp_path / "sessions").resolve()
+
+
+@pytest.mark.parametrize(
+    "call",
+    ["Bash", {"name": "Bash"}, {"name": "", "arguments": {}}, {"name": "Bash", "arguments": "ls"},
+     {"name": "Bash", "arguments": {}, "extra": 1}],
+)
+def test_a_malformed_example_call_names_the_file_and_the_shape(tmp_path, call):
+    (tmp_path / "files").mkdir()
+    (tmp_path / "task.json").write_text(
+        json.dumps({"name": "t", "instruction": "i", "test_command": "true", "example_call": call})
+    )
+    with pytest.raises(ValueError, match=r"task\.json.*example_call must be"):
+        load_task(tmp_path)

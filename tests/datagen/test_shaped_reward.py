@@ -11,7 +11,7 @@ from composer_replication import wire
 from composer_replication.datagen.bwrap_sandbox import BwrapSandbox
 from composer_replication.datagen.env import InfraStats
 from composer_replication.datagen.reward import WEIGHTS, make_shaped_reward, passed_fraction
-from composer_replication.datagen.rollout import oracle_policy
+from composer_replication.datagen.rollout import oracle_policy, task_prompt
 from composer_replication.datagen.tasks import bundled_tasks
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
@@ -46,11 +46,18 @@ def test_oracle_scores_one_idling_scores_the_baseline_and_tasks_are_graded():
     # doing nothing earns the share of tests that already pass, never the whole task
     assert all(r == pytest.approx(WEIGHTS["tests"] * base[n]) for r, n in zip(idle, names))
     assert all(b < 1.0 for b in base.values()) and reward.last_hints == [None] * len(names)
-    # the trivial task spells out the whole action (in the wire format); copied verbatim, it solves the task
+    # the trivial task spells out the whole action in the active wire format (its example_call); copied
+    # verbatim, it solves the task, and the prompt never shows the other format's markup
     word = tasks["write_word"]
-    call = wire.format_tool_use("Bash", {"command": "echo done > status.txt"})
-    assert call in word.instruction.splitlines()
-    assert reward(completions=[call], task=["write_word"]) == [pytest.approx(1.0)]
+    for fmt, shown, other in (("native", "<tool_call>", "[TOOL_USE]"), ("text", "[TOOL_USE]", "<tool_call>")):
+        with wire.use_format(fmt):
+            prompt = task_prompt(word)[1]["content"]
+            call = wire.example_call("Bash", {"command": "echo done > status.txt"})
+            assert call in prompt and shown in prompt and other not in prompt, (fmt, prompt[:300])
+            assert list(wire.parse_action(call).tool_calls) == [
+                ("Bash", {"command": "echo done > status.txt"})
+            ]
+            assert reward(completions=[call], task=["write_word"]) == [pytest.approx(1.0)], fmt
 
 
 @needs_bwrap

@@ -55,9 +55,13 @@ Policy = Callable[[list[dict[str, Any]]], str]  # chat messages -> assistant tex
 
 
 def task_prompt(task: Task, harness: str | None = None) -> list[dict[str, Any]]:
-    """The opening messages of ``task`` (``wire.task_messages`` with the harness's tools): what a rollout
-    starts from and what the GRPO phase's task rows ask, token for token."""
-    return wire.task_messages(task.instruction, task.files, harness_schemas(harness))
+    """The opening messages of ``task`` (``wire.task_messages`` with the harness's tools; the task's
+    ``example_call`` after its instruction, in the active wire format): what a rollout starts from and
+    what the GRPO phase's task rows ask, token for token."""
+    instruction = task.instruction
+    if task.example_call:
+        instruction += "\n" + wire.example_call(task.example_call["name"], task.example_call["arguments"])
+    return wire.task_messages(instruction, task.files, harness_schemas(harness))
 
 
 # --------------------------------------------------------------------------- policies

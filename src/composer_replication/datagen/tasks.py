@@ -3,12 +3,14 @@
 A task is a directory::
 
     my_task/
-      task.json        {"name", "instruction", "test_command", "timeout_s"?, "checks"?, "env"?}
+      task.json        {"name", "instruction", "test_command", "timeout_s"?, "checks"?, "env"?, "example_call"?}
       files/**         copied into the sandbox workspace before the agent starts
       solution/**      optional: files that make the tests pass (used by the oracle policy and task checks)
 
 ``checks`` (optional) lists the commands the verifier (`datagen.verifier`) runs and scores one by one
-(default: ``[test_command]``); ``env`` (optional) maps variable names to values the checks run with.
+(default: ``[test_command]``); ``env`` (optional) maps variable names to values the checks run with;
+``example_call`` (optional, ``{"name", "arguments"}``) is a tool call the prompt shows after the
+instruction in the active wire format (`wire.example_call`), so an instruction never hard-codes one format.
 A task holds at most `MAX_TASK_FILES` files and `MAX_TASK_BYTES` bytes (``files/`` and ``solution/``
 together); a bigger one raises ``ValueError`` naming the task and the limit.
 
@@ -41,7 +43,7 @@ from typing import Any
 
 BUNDLED_DIR = Path(__file__).parent / "tasks"
 _REQUIRED = ("name", "instruction", "test_command")
-_OPTIONAL = ("timeout_s", "checks", "env")
+_OPTIONAL = ("timeout_s", "checks", "env", "example_call")
 _MAX_FILE_BYTES = 1_000_000
 MAX_TASK_FILES = 10_000
 MAX_TASK_BYTES = 32 * 1024 * 1024
@@ -107,9 +109,18 @@ class Task:
     timeout_s: float = 60.0
     check_commands: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    example_call: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)
+        c = self.example_call
+        if c is not None and not (
+            isinstance(c, dict) and set(c) == {"name", "arguments"} and isinstance(c["name"], str)
+            and c["name"].strip() and isinstance(c["arguments"], dict)
+        ):
+            raise ValueError(
+                f"task {self.name!r}: example_call must be {{\"name\": TOOL, \"arguments\": {{...}}}}; got {c!r}"
+            )
         if not all(isinstance(c, str) and c.strip() for c in self.check_commands):
             raise ValueError(f"task {self.name!r}: check_commands must be non-empty strings")
         bad = [k for k, v in self.env.items() if not (_ENV_NAME.fullmatch(k) and isinstance(v, str))]
@@ -306,6 +317,7 @@ def load_task(path: str | Path) -> Task:
             timeout_s=float(meta.get("timeout_s", 60.0)),
             check_commands=checks,
             env=env,
+            example_call=meta.get("example_call"),
         )
     except ValueError as e:
         raise ValueError(f"{meta_path}: {e}") from None

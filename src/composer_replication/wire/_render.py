@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from composer_replication.wire._actions import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_use
 from composer_replication.wire._messages import assistant_message, text_messages
 
 FORMATS = ("native", "text")
@@ -96,6 +97,15 @@ def use_format(fmt: str) -> Iterator[None]:
             os.environ.pop("COMPOSER_WIRE_FORMAT", None)
         else:
             os.environ["COMPOSER_WIRE_FORMAT"] = env
+
+
+def example_call(name: str, arguments: Mapping[str, Any]) -> str:
+    """One tool call as a prompt shows it to the model in the active format: a text-format line, or the
+    Hermes ``<tool_call>`` block the native format's templates (the project's and Qwen's) write."""
+    if get_format() == "text":
+        return format_tool_use(name, dict(arguments))
+    body = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
+    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
 def _template_text(tok: Any) -> str:
