@@ -30,7 +30,7 @@ WORK_LOG = re.compile(
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 ANCHOR_LINK = re.compile(r"\]\(([^)\s#]*)#([^)\s]+)\)")
 # Docs a newcomer reads in an evening: docs/ at most half of the 5,476 lines it once had, README no longer.
-DOCS_LINE_BUDGET = 2700
+DOCS_LINE_BUDGET = 2738
 README_LINE_BUDGET = 118
 
 
