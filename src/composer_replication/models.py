@@ -126,16 +126,12 @@ def build_tiny_model(
     cls_cfg, cls_model = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[
         arch
     ]
-    kwargs: dict[str, Any] = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
-        tie_word_embeddings=tie_word_embeddings,
-        max_position_embeddings=4096,
-    )
+    kwargs: dict[str, Any] = {
+        "vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_hidden_layers, "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads, "tie_word_embeddings": tie_word_embeddings,
+        "max_position_embeddings": 4096,
+    }  # fmt: skip
     if tokenizer is not None:
         kwargs.update(
             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None
