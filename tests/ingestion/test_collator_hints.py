@@ -112,6 +112,23 @@ def test_collator_masks_align_and_keys(tiny_tokenizer, batch, max_len, sdpo) -> 
             assert i.shape == m.shape and bool((m.sum(1) > 0).all()) and not bool(m[:, 0].any())
 
 
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    batch=st.lists(examples(), min_size=1, max_size=3),
+    max_len=st.one_of(st.integers(24, 200), st.just(100_000)),
+    sdpo=st.booleans(),
+)
+def test_collator_masks_align_and_keys_in_the_text_format(tiny_tokenizer, batch, max_len, sdpo) -> None:
+    # the text format merges neighbouring user and tool messages into one user message: the collator's
+    # pieces must follow that merge (a user message after a tool result once raised "not prefix-consistent")
+    with wire.use_format("text"):
+        test_collator_masks_align_and_keys.hypothesis.inner_test(tiny_tokenizer, batch, max_len, sdpo)
+
+
 def _real_error_examples() -> list[dict]:
     path = (
         Path(__file__).parents[1]

@@ -143,9 +143,12 @@ class ComposerDataCollator:
     def _pieces(self, msgs: list[dict], tools: list[dict] | None = None) -> list[_Piece]:
         texts: list[tuple[str, bool, int]] = []
         prev = ""
+        # a run of tool results is one piece: templates may group them (Qwen2.5's does); the text format
+        # merges every run of user and tool messages into one user message (`wire.text_messages`)
+        run = ("tool",) if wire.get_format() == "native" else ("tool", "user")
         for i, m in enumerate(msgs):
-            if m["role"] == "tool" and i + 1 < len(msgs) and msgs[i + 1]["role"] == "tool":
-                continue  # a run of tool results is one piece: templates may group them (Qwen2.5's does)
+            if m["role"] in run and i + 1 < len(msgs) and msgs[i + 1]["role"] in run:
+                continue
             if m["role"] == "assistant":
                 if i:
                     head = self._render(msgs[:i], True, tools)
