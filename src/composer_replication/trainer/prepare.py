@@ -1,7 +1,6 @@
-"""Pieces of the offline trainer that do not depend on its loop: model loading, optimizer and LR
-schedule, seeding, DPO reference log-probs, pair batches and the ``compose_loss`` keyword arguments.
-
-``trainer.offline`` re-exports ``load_model``, ``reference_logprobs`` and ``pair_batch`` (their old home).
+"""What a trainer builds from a ``TrainConfig`` before its first step, shared by the offline loop and GRPO:
+the model and tokenizer (:func:`load_model`, with LoRA adapters: :func:`apply_lora`), the optimizer and LR
+schedule (:func:`make_optimizer`), seeding (:func:`seed_everything`) and TAID's schedule (:func:`make_taid`).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import torch
 from composer_replication._extras import require
 from composer_replication.config import TrainConfig
 from composer_replication.config.loss import TAIDSDPO
-from composer_replication.trainer import pair_tokens
 
 
 def load_model(cfg: TrainConfig, device: torch.device) -> tuple[Any, Any]:
@@ -86,40 +84,6 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-@torch.no_grad()
-def reference_logprobs(model, tok, pairs: list[dict], max_len: int, batch_size: int = 4) -> dict[str, tuple]:
-    """Summed reference log-probs per pair id, with the current (initial) weights; adapters disabled."""
-    from contextlib import nullcontext
-
-    from composer_replication.loss import sequence_logprobs
-
-    out: dict[str, tuple[float, float]] = {}
-    ctx = model.disable_adapter() if hasattr(model, "peft_config") else nullcontext()
-    was_training = model.training
-    model.eval()
-    dev = next(model.parameters()).device
-    with ctx:
-        for i in range(0, len(pairs), batch_size):
-            enc = pair_tokens.encode_pairs(tok, pairs[i : i + batch_size], max_len)
-            c = sequence_logprobs(
-                model, enc["dpo_chosen_input_ids"].to(dev), enc["dpo_chosen_response_mask"].to(dev)
-            )
-            r = sequence_logprobs(
-                model, enc["dpo_rejected_input_ids"].to(dev), enc["dpo_rejected_response_mask"].to(dev)
-            )
-            for pid, a, b in zip(enc["pair_ids"], c.tolist(), r.tolist()):
-                out[pid] = (a, b)
-    model.train(was_training)
-    return out
-
-
-def pair_batch(tok, rows: list[dict], ref: dict[str, tuple], max_len: int, device) -> dict[str, torch.Tensor]:
-    enc = pair_tokens.encode_pairs(tok, rows, max_len)
-    vals = torch.tensor([ref[p] for p in enc.pop("pair_ids")], dtype=torch.float32)
-    enc["dpo_chosen_ref_logprobs"], enc["dpo_rejected_ref_logprobs"] = vals[:, 0], vals[:, 1]
-    return {k: v.to(device) for k, v in enc.items()}
 
 
 def make_taid(cfg: TrainConfig) -> Any:

@@ -26,7 +26,7 @@ environment by :func:`setup`) makes N processes train as one:
   is kept (``rng-rank{r}.pt``). All ranks write into one temporary directory that rank 0 renames into
   place after a barrier, so a rank killed mid-save leaves the previous checkpoint.
 
-Launching (the environment, the rendezvous, ``--nproc``) is in :mod:`trainer.dist_launch`; its errors
+Launching (the environment, the rendezvous, ``--nproc``) is in :mod:`trainer.distributed.launch`; its errors
 are one-line ``LaunchError`` s raised before any model loads.
 """
 
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from composer_replication.trainer import checkpoint as ckpt
-from composer_replication.trainer.dist_launch import LaunchError, init_process_group, launch_env
+from composer_replication.trainer.distributed.launch import LaunchError, init_process_group, launch_env
 
 __all__ = ["DistributedEngine", "Engine", "NullLog", "RankStream", "setup"]
 
@@ -107,7 +107,7 @@ class Engine:
         return loss(model, batch, **call)
 
     def reference_logprobs(self, model: Any, tok: Any, pairs: list[dict], max_len: int) -> dict[str, tuple]:
-        from composer_replication.trainer.offline_parts import reference_logprobs
+        from composer_replication.trainer.pair_tokens import reference_logprobs
 
         return reference_logprobs(model, tok, pairs, max_len)
 
@@ -238,7 +238,7 @@ class DistributedEngine(Engine):
     def reference_logprobs(self, model: Any, tok: Any, pairs: list[dict], max_len: int) -> dict[str, tuple]:
         """Batches of 4 pairs dealt round-robin to the ranks (the single-process batches, so the same
         values); every rank runs as many batches (FSDP2 forwards are collective), then all gather."""
-        from composer_replication.trainer.offline_parts import reference_logprobs
+        from composer_replication.trainer.pair_tokens import reference_logprobs
 
         chunks = [pairs[i : i + 4] for i in range(0, len(pairs), 4)]
         mine = chunks[self.rank :: self.world_size]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication import wire
-from composer_replication._io import JsonlAppender, read_jsonl
+from composer_replication._io import JsonlAppender, hash_path, read_jsonl
 from composer_replication.wire import score_action
 
 
@@ -52,8 +52,6 @@ def is_error_site(state: dict[str, Any]) -> bool:
 
 def model_fingerprint(model_dir: str | Path) -> str:
     """Hash of a model directory's weight and config files (the generation cache key)."""
-    from composer_replication.pipeline.manifest import hash_path
-
     d = Path(model_dir)
     h = hashlib.sha256()
     for f in sorted(d.glob("*")):

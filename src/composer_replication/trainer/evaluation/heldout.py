@@ -19,7 +19,7 @@ import torch
 @torch.no_grad()
 def evaluate(model, tok, cfg, traces: list[dict], pairs: list[dict], ref: dict, collator) -> dict[str, float]:
     from composer_replication.loss import compose_loss, sequence_logprobs
-    from composer_replication.trainer import offline_data as od
+    from composer_replication.trainer import data as od
     from composer_replication.trainer import pair_tokens
 
     was_training = model.training

@@ -39,8 +39,8 @@ from typing import Any
 import torch
 
 from composer_replication import encoding, wire
-from composer_replication.trainer.frozen_prefix import FrozenPrefix
-from composer_replication.trainer.onpolicy import ErrorSite, site_messages, site_prompts, site_tools
+from composer_replication.trainer.error_sites import ErrorSite, site_messages, site_prompts, site_tools
+from composer_replication.trainer.evaluation.frozen_prefix import FrozenPrefix
 
 METRICS = ("recovery_ce", "hinted_jsd", "valid_rate", "tool_match_rate", "pref_accuracy")
 
@@ -253,7 +253,7 @@ class SiteSet:
         ``shared_layers`` (n > 0): the models measured with this set share their first n decoder layers
         and embeddings (adapters on later layers only): what those layers compute for the fixed prompts
         and recoveries is recorded at the first model and replayed at the next ones whose weights there
-        are byte-equal (``trainer.frozen_prefix``; same numbers, ~n/L of the prefill work saved), the
+        are byte-equal (``trainer.evaluation.frozen_prefix``; same numbers, ~n/L of the prefill work saved), the
         greedy answers are decoded in full. Any other model is measured in full. ``progress`` is called
         with each stage's name as it ends (:meth:`stages` of them: a progress bar's updates)."""
         if shared_layers and (self._prefix is None or self._prefix.n != shared_layers):

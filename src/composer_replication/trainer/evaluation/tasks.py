@@ -3,7 +3,7 @@
 `evaluate_models` builds the policies (``--policy reference|noop`` and each ``--model``, a
 ``tasks.agent.AgentPolicy``), scores them with ``tasks.evaluate.evaluate`` (one rollout per task x sample
 in the task's harness, scored by the verifier), adds the paired comparisons and writes ``DIR/eval.json``
-and ``DIR/report.html`` (`pipeline.task_report`). `compare(a, b)` is the paired per-task difference of
+and ``DIR/report.html`` (`trainer.evaluation.task_report`). `compare(a, b)` is the paired per-task difference of
 two policies' entries (``b - a`` per task, with the 95% t interval of ``pipeline.learning.paired``) over
 the tasks both scored: with two models, each later model against the first; the pipeline's
 ``eval_tasks_after`` stage compares the trained model with the student the same way.
@@ -36,7 +36,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     for ``pass@1`` and ``checks_share`` the means, the mean per-task difference ``delta`` (b - a), its
     standard deviation and 95% interval, and ``n`` tasks; ``rows`` per task; ``tasks_left_out`` (a task
     without a score on either side)."""
-    from composer_replication.pipeline.learning import paired
+    from composer_replication.trainer.evaluation.paired import paired
 
     ra, rb = ({r["task"]: r for r in p["rows"]} for p in (a, b))
     common = [t for t in ra if t in rb and ra[t]["scored"] and rb[t]["scored"]]
@@ -98,8 +98,8 @@ def evaluate_models(
     ``limits``: each model's limits and sampling,
     ``tasks.agent.model_policy``'s keywords (``max_turns``, ``max_tokens``, ``max_wall_s``,
     ``max_new_tokens``, ``temperature``, ``endpoint_model``)."""
-    from composer_replication.pipeline.task_report import write_eval_report
     from composer_replication.tasks.evaluate import EVAL_FILE, evaluate
+    from composer_replication.trainer.evaluation.task_report import write_eval_report
 
     if not models and not policies:
         raise ValueError("nothing to score: give --model and/or --policy")

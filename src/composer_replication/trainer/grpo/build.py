@@ -4,7 +4,7 @@
 ``ComposerReplicationTrainer`` (TRL's ``GRPOTrainer`` with the SDPO and DPO channels on top), and
 ``run_grpo`` trains it (resuming from the newest checkpoint) and writes ``metrics.jsonl`` and
 ``final_metrics.json``. The two callers differ only in their rows and rewards: trace error sites and
-preference pairs scored against a reference action (``trainer.grpo_run``), or sandbox tasks with the
+preference pairs scored against a reference action (``trainer.grpo.run``), or sandbox tasks with the
 mined pairs riding along, scored by running the tests (``pipeline.grpo_phase``).
 
 Every config field is honoured or rejected: ``config.grpo_config_problems`` names the rejected ones and
@@ -41,8 +41,8 @@ def grpo_args(cfg: TrainConfig, out_dir: Path, *, cuda: bool) -> Any:
     """The ``trl.GRPOConfig`` for ``cfg`` (the ``grpo.objective`` preset plus every mapped field)."""
     import torch
 
-    from composer_replication.trainer.grpo_scale import grpo_config_kwargs
-    from composer_replication.trainer.po_objectives import make_po_config
+    from composer_replication.trainer.grpo.objectives import make_po_config
+    from composer_replication.trainer.grpo.scale import grpo_config_kwargs
 
     g, o, s = cfg.grpo, cfg.optimizer, cfg.schedule
     bf16 = cfg.model.dtype == "bfloat16" or (
@@ -76,7 +76,7 @@ def grpo_args(cfg: TrainConfig, out_dir: Path, *, cuda: bool) -> Any:
         save_steps=every,
         save_total_limit=cfg.checkpoint.keep_last,
         disable_tqdm=not cfg.logging.progress,
-        **(grpo_config_kwargs(cfg) | g.overrides),  # processes, vLLM (trainer.grpo_scale)
+        **(grpo_config_kwargs(cfg) | g.overrides),  # processes, vLLM (trainer.grpo.scale)
     )
 
 
@@ -137,9 +137,8 @@ def build_grpo_trainer(
     from datasets import Dataset
 
     from composer_replication.trainer.composer_trainer import ComposerReplicationTrainer
-    from composer_replication.trainer.grpo_scale import preflight
-    from composer_replication.trainer.offline import load_model
-    from composer_replication.trainer.offline_parts import make_taid
+    from composer_replication.trainer.grpo.scale import preflight
+    from composer_replication.trainer.prepare import load_model, make_taid
 
     check_grpo_config(cfg, pipeline=pipeline)
     preflight(cfg)  # grpo.vllm: the server answers, vLLM is installed (before any model loads)

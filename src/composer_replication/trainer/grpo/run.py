@@ -11,7 +11,7 @@ the pair, so the DPO channel trains on it) and each tool-error site of a trace (
 - ``tool_format``: 1.0 when the completion parses as at least one tool call (``wire``), else 0.
 
 With ``grpo.tasks`` (a task directory or bundled task names) the prompts are those tasks and the reward
-is the shaped sandbox reward instead (``trainer.grpo_tasks``); the pairs of ``data.pairs`` ride along.
+is the shaped sandbox reward instead (``trainer.grpo.tasks``); the pairs of ``data.pairs`` ride along.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from composer_replication import wire
 from composer_replication.config import TrainConfig
-from composer_replication.trainer import offline_data as od
+from composer_replication.trainer import data as od
 from composer_replication.trainer import pair_tokens
 
 
@@ -109,17 +109,17 @@ def train_grpo(
     kill_switch: Any | None = None,
     merge: bool = False,
 ) -> dict[str, float]:
-    """Run ``ComposerReplicationTrainer`` per ``cfg`` (``trainer.grpo_build``), export ``out_dir/final``
+    """Run ``ComposerReplicationTrainer`` per ``cfg`` (``trainer.grpo.build``), export ``out_dir/final``
     (``trainer.export``; ``merge``: LoRA merged into the weights) and return TRL's last logged metrics.
     Raises ``ConfigError`` naming any field grpo mode cannot honour."""
-    from composer_replication.trainer.grpo_build import check_grpo_config
-    from composer_replication.trainer.grpo_scale import preflight
+    from composer_replication.trainer.grpo.build import check_grpo_config
+    from composer_replication.trainer.grpo.scale import preflight
 
     check_grpo_config(cfg)  # before any model loads
     preflight(cfg)
     with wire.use_format(cfg.data.wire_format):
-        if cfg.grpo.tasks is not None:  # sandbox tasks, the shaped reward (trainer.grpo_tasks)
-            from composer_replication.trainer.grpo_tasks import train_tasks_mode
+        if cfg.grpo.tasks is not None:  # sandbox tasks, the shaped reward (trainer.grpo.tasks)
+            from composer_replication.trainer.grpo.tasks import train_tasks_mode
 
             return train_tasks_mode(cfg, Path(out_dir), resume=resume, kill_switch=kill_switch, merge=merge)
         return _train_grpo(cfg, Path(out_dir), resume=resume, kill_switch=kill_switch, merge=merge)
@@ -129,7 +129,7 @@ def _train_grpo(
     cfg: TrainConfig, out: Path, *, resume: bool, kill_switch: Any, merge: bool
 ) -> dict[str, float]:
     from composer_replication.trainer.export import base_dir
-    from composer_replication.trainer.grpo_build import build_grpo_trainer, run_grpo
+    from composer_replication.trainer.grpo.build import build_grpo_trainer, run_grpo
 
     rows = build_rows(*od.load_data(cfg))  # a bad or empty file fails here, before out_dir is created
     if not rows:

@@ -7,7 +7,7 @@ prepared environment gets its own sandbox factory (``tasks.evaluate.task_sandbox
 site-packages mounted read-only), prepared here if missing; a task whose environment cannot be prepared is
 named and left out.
 
-`train_on_tasks` runs TRL's GRPO (``trainer.grpo_build``) on one row per task: the task's opening messages
+`train_on_tasks` runs TRL's GRPO (``trainer.grpo.build``) on one row per task: the task's opening messages
 as a rollout sees them (``datagen.rollout.task_prompt``, the sandbox's four tools), with the preference
 pairs riding along (`phase_rows`). Reward: ``datagen.reward.make_shaped_reward``, each completion's tool
 calls applied in a fresh sandbox with the task's files, then
@@ -123,8 +123,8 @@ def train_on_tasks(
     mean reward, mean ``frac_reward_zero_std`` and the channels' mean losses."""
     from composer_replication.datagen.env import InfraStats
     from composer_replication.datagen.reward import make_shaped_reward
-    from composer_replication.trainer import offline_data as od
-    from composer_replication.trainer.grpo_build import build_grpo_trainer, run_grpo
+    from composer_replication.trainer import data as od
+    from composer_replication.trainer.grpo.build import build_grpo_trainer, run_grpo
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pairs = od.load_rows(cfg.data.pairs) if cfg.loss.preference.weight > 0 else []

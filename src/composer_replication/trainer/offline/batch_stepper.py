@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from composer_replication.config import TrainConfig
-from composer_replication.trainer.offline import OfflineStepper
+from composer_replication.trainer.offline.stepper import OfflineStepper
 
 __all__ = ["BatchStepper", "batch_config", "batch_stepper"]
 

@@ -11,8 +11,8 @@ Writes to ``out_dir``: ``metrics.jsonl`` (append-only, one row per logged step, 
 Resume restores model, optimizer, LR scheduler, both data streams, all RNG states and the TAID
 schedule: in deterministic CPU mode the resumed loss trajectory is bit-identical.
 
-``make_offline_stepper(config, model=None, ...) -> OfflineStepper`` (``trainer.offline_stepper``,
-re-exported here) exposes the same step one at a time (``.model``, ``.step() -> metrics``,
+``make_offline_stepper(config, model=None, ...) -> OfflineStepper`` (``trainer.offline.stepper``)
+exposes the same step one at a time (``.model``, ``.step() -> metrics``,
 ``.state_dict()``): ``train_offline`` is built on it, and DiLoCo replicas with ``inner: offline`` call
 it for their inner steps.
 """
@@ -29,25 +29,13 @@ from composer_replication import wire
 from composer_replication.config import TrainConfig, build_config
 from composer_replication.safety.stop import any_stop
 from composer_replication.trainer import checkpoint as ckpt
-from composer_replication.trainer import offline_data as od
+from composer_replication.trainer import data as od
 from composer_replication.trainer import pair_tokens
-from composer_replication.trainer.evaluation import evaluate
-from composer_replication.trainer.offline_parts import (
-    load_model,
-    pair_batch,
-    reference_logprobs,
-    seed_everything,
-)
-from composer_replication.trainer.offline_stepper import OfflineStepper, make_offline_stepper
+from composer_replication.trainer.evaluation.heldout import evaluate
+from composer_replication.trainer.offline.stepper import OfflineStepper
+from composer_replication.trainer.prepare import load_model, seed_everything
 
-__all__ = [
-    "OfflineStepper",
-    "load_model",
-    "make_offline_stepper",
-    "pair_batch",
-    "reference_logprobs",
-    "train_offline",
-]
+__all__ = ["train_offline"]
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -145,7 +133,7 @@ def _steps(
     checkpointed), observe (feed its metrics, then poll) decides whether the next one runs.
     """
     from composer_replication._io import JsonlAppender
-    from composer_replication.trainer import distributed
+    from composer_replication.trainer.distributed import engine as distributed
     from composer_replication.trainer.trackers import open_trackers
 
     main = engine.is_main  # rank 0 writes every file but the checkpoints' shards
@@ -190,7 +178,7 @@ def _steps(
 
 def _train(config, *, out_dir, resume, kill_switch, stop, device) -> dict[str, float]:
     from composer_replication._io import atomic_write_json
-    from composer_replication.trainer import distributed
+    from composer_replication.trainer.distributed import engine as distributed
 
     cfg = config if isinstance(config, TrainConfig) else build_config(config)
     halt = any_stop(stop, kill_switch)  # one Stop (a KillSwitch, a plain callable, or both)

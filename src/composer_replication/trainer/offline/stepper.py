@@ -2,7 +2,7 @@
 
 Each step takes ``grad_accum`` micro-batches of traces and preference pairs and sums
 ``compose_loss(...).total / grad_accum`` (SFT CE + α·SDPO + β·DPO; on-policy SDPO samples at error sites).
-:func:`composer_replication.trainer.offline.train_offline` runs these steps with checkpoints, metrics
+:func:`composer_replication.trainer.offline.loop.train_offline` runs these steps with checkpoints, metrics
 and the kill switch; DiLoCo replicas with ``inner: offline`` call them for their inner steps.
 """
 
@@ -16,14 +16,10 @@ import torch
 from composer_replication.config import TrainConfig, build_config
 from composer_replication.loss import ComposedLoss
 from composer_replication.trainer import checkpoint as ckpt
-from composer_replication.trainer import offline_data as od
+from composer_replication.trainer import data as od
 from composer_replication.trainer import pair_tokens
-from composer_replication.trainer.offline_parts import (
-    load_model,
-    make_optimizer,
-    make_taid,
-    pair_batch,
-)
+from composer_replication.trainer.pair_tokens import pair_batch
+from composer_replication.trainer.prepare import load_model, make_optimizer, make_taid
 
 
 class OfflineStepper:
@@ -50,10 +46,10 @@ class OfflineStepper:
         sample_cache: Path | None = None,
         engine: Any = None,
     ) -> None:
-        from composer_replication.trainer.distributed import Engine
+        from composer_replication.trainer.distributed.engine import Engine
 
         self.cfg, self.model, self.tok, self.device = cfg, model, tok, device
-        self.engine = engine or Engine(device)  # several processes: trainer.distributed
+        self.engine = engine or Engine(device)  # several processes: trainer.distributed.engine
         self.step_count = 0
         bs = cfg.schedule.batch_size
         use_pairs = bool(train_pairs) and cfg.loss.preference.weight > 0
@@ -68,7 +64,8 @@ class OfflineStepper:
         self.collator = collator
         self.on_policy = None
         if cfg.loss.sdpo.source == "on_policy" and cfg.loss.sdpo.weight > 0 and train_traces:
-            from composer_replication.trainer.onpolicy import OnPolicySDPO, error_sites
+            from composer_replication.trainer.error_sites import error_sites
+            from composer_replication.trainer.offline.onpolicy import OnPolicySDPO
 
             sites = error_sites(train_traces)
             if sites:  # without a failed tool call there is nothing to distil (as with source: recorded)

@@ -17,7 +17,7 @@ import yaml
 
 from composer_replication.config import ConfigError, build_config
 
-from .conftest import grpo_cfg
+from ..conftest import grpo_cfg
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -44,8 +44,8 @@ def test_vllm_in_overrides_and_section_clash(small_data):
 
 def test_grpo_vllm_reaches_trls_vllm_generation(small_data):
     """The section becomes GRPOConfig's vLLM fields, and TRL's trainer takes the vLLM path with them."""
-    from composer_replication.trainer.grpo_scale import grpo_config_kwargs
-    from composer_replication.trainer.po_objectives import make_po_config
+    from composer_replication.trainer.grpo.objectives import make_po_config
+    from composer_replication.trainer.grpo.scale import grpo_config_kwargs
 
     cfg = build_config(grpo_cfg(small_data, vllm={"mode": "server", "server_url": "http://10.1.2.3:8011/"}))
     kw = grpo_config_kwargs(cfg)
@@ -87,9 +87,9 @@ def _free_port() -> int:
 
 def _run_cli(small_data, tmp_path, monkeypatch, vllm):
     from composer_replication.cli.main import main
-    from composer_replication.trainer import offline
+    from composer_replication.trainer import prepare
 
-    monkeypatch.setattr(offline, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(prepare, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(grpo_cfg(small_data, vllm=vllm)))
     return main(["train", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "run")])
 

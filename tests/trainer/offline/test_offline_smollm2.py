@@ -1,7 +1,7 @@
 """Slow: offline three-channel training of SmolLM2-135M-Instruct on the bundled real sessions.
 
 LoRA (r=16, all linear layers) keeps the process near 2 GB. Run (numbers in docs/training.md):
-    python3 -m pytest tests/trainer/test_offline_smollm2.py -m slow -s
+    python3 -m pytest tests/trainer/offline/test_offline_smollm2.py -m slow -s
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_smollm2_offline_loss_falls_preferences_and_jsd_improve(ingested, tmp_path):
-    from composer_replication.trainer.offline import train_offline
+    from composer_replication.trainer.offline.loop import train_offline
 
     torch.set_num_threads(2)
     cfg = {

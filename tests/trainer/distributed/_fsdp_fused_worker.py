@@ -13,9 +13,9 @@ from composer_replication.config import build_config
 from composer_replication.kernels.hf import resolve_logits_mode, set_default_logits_mode
 from composer_replication.loss import compose_loss
 from composer_replication.models import build_tiny_model, build_tiny_tokenizer
-from composer_replication.trainer import distributed
-from composer_replication.trainer import offline_data as od
-from composer_replication.trainer.offline import pair_batch, reference_logprobs
+from composer_replication.trainer import data as od
+from composer_replication.trainer.distributed import engine as distributed
+from composer_replication.trainer.pair_tokens import pair_batch, reference_logprobs
 
 
 def main(data_dir: str) -> None:

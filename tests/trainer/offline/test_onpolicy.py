@@ -7,10 +7,12 @@ import json
 import pytest
 import torch
 
-from composer_replication.trainer import onpolicy as op
-from composer_replication.trainer.offline import train_offline
+from composer_replication.generation import engine
+from composer_replication.trainer import error_sites as es
+from composer_replication.trainer.offline import onpolicy as op
+from composer_replication.trainer.offline.loop import train_offline
 
-from .conftest import tiny_config
+from ..conftest import tiny_config
 
 
 def rows(path):
@@ -21,13 +23,13 @@ def rows(path):
 
 def test_error_sites_of_real_traces(ingested):
     traces = rows(ingested / "traces.jsonl")
-    sites = op.error_sites(traces)
+    sites = es.error_sites(traces)
     assert len(sites) >= 8
     assert len({s.site_id for s in sites}) == len(sites)
     for s in sites:
         assert s.turns[-1]["role"] in ("tool", "user") and s.recovery.strip() and s.hint
         assert any(t.get("role") == "tool" and t.get("tool_error") is not None for t in s.turns)
-        student, teacher = op.site_messages(s, hinted=False), op.site_messages(s, hinted=True)
+        student, teacher = es.site_messages(s, hinted=False), es.site_messages(s, hinted=True)
         assert s.schemas and [t["function"]["name"] for t in s.schemas] == list(s.tools)
         if student[-1]["role"] == "user":  # the hint ends the user text after the failure
             assert teacher[:-1] == student[:-1]
@@ -36,13 +38,13 @@ def test_error_sites_of_real_traces(ingested):
             assert student[-1]["role"] == "tool" and teacher[:-1] == student
             assert teacher[-1] == {"role": "user", "content": f"[HINT] {s.hint}"}
     # overlapping windows of one session repeat sites: they are counted once
-    assert len(op.error_sites(traces + traces)) == len(sites)
+    assert len(es.error_sites(traces + traces)) == len(sites)
 
 
 def test_greedy_sampling_matches_transformers_generate(tiny_model, tiny_tokenizer):
     prompts = [[5, 17, 23, 99, 4], [7, 8]]
     eos = [tiny_tokenizer.eos_token_id]
-    got = op.sample(tiny_model, prompts, max_new_tokens=6, temperature=0, eos_ids=eos, pad_id=0)
+    got = engine.sample(tiny_model, prompts, max_new_tokens=6, temperature=0, eos_ids=eos, pad_id=0)
     assert_each_row_matches_generate(tiny_model, prompts, got, eos, 6)
 
 
@@ -61,9 +63,9 @@ def test_greedy_rows_that_finish_early_leave_the_batch_without_changing_the_othe
     # EOS ids taken from the rows' own greedy paths, so rows end at different steps: the finished ones
     # are dropped from the batch (and its KV cache) and each row must still match a run of its own.
     prompts = [[5, 17, 23, 99, 4], [7, 8], [31, 32, 33], [40, 41, 42, 43]]
-    free = op.sample(tiny_model, prompts, max_new_tokens=10, temperature=0, eos_ids=[], pad_id=0)
+    free = engine.sample(tiny_model, prompts, max_new_tokens=10, temperature=0, eos_ids=[], pad_id=0)
     eos = sorted({free[0][1], free[2][5]})
-    got = op.sample(tiny_model, prompts, max_new_tokens=10, temperature=0, eos_ids=eos, pad_id=0)
+    got = engine.sample(tiny_model, prompts, max_new_tokens=10, temperature=0, eos_ids=eos, pad_id=0)
     assert len({len(g) for g in got}) > 1  # the rows did finish at different steps
     assert_each_row_matches_generate(tiny_model, prompts, got, eos, 10)
 
@@ -72,9 +74,9 @@ def test_sampling_is_a_function_of_the_generator(tiny_model):
     prompts = [[5, 17, 23], [7, 8, 9, 10]]
     kw = dict(max_new_tokens=8, temperature=1.0, eos_ids=[], pad_id=0)
     state = torch.random.get_rng_state()
-    a = op.sample(tiny_model, prompts, generator=torch.Generator().manual_seed(3), **kw)
-    b = op.sample(tiny_model, prompts, generator=torch.Generator().manual_seed(3), **kw)
-    c = op.sample(tiny_model, prompts, generator=torch.Generator().manual_seed(4), **kw)
+    a = engine.sample(tiny_model, prompts, generator=torch.Generator().manual_seed(3), **kw)
+    b = engine.sample(tiny_model, prompts, generator=torch.Generator().manual_seed(3), **kw)
+    c = engine.sample(tiny_model, prompts, generator=torch.Generator().manual_seed(4), **kw)
     assert a == b and a != c and all(len(x) == 8 for x in a)
     assert torch.equal(state, torch.random.get_rng_state())  # the global RNG is untouched
 
@@ -187,30 +189,30 @@ def test_on_policy_without_error_sites_trains_without_sdpo(small_data, tmp_path)
 
 def test_sites_without_a_hint_are_kept_only_on_request(ingested):
     traces = rows(ingested / "traces.jsonl")
-    n = len(op.error_sites(traces))
+    n = len(es.error_sites(traces))
     # the user rejected the first failed call: hint_generator has no template for that (the user said stop)
     t = next(t for t in traces if any(x.get("tool_error") is not None for x in t["turns"]))
     first = dict(next(x for x in t["turns"] if x.get("tool_error") is not None))
     for turn in (x for tr in traces for x in tr["turns"] if x == first):  # overlapping windows repeat it
         turn["error_meta"] = {**(turn.get("error_meta") or {}), "error_kind": "user_rejected"}
-    hinted, every = op.error_sites(traces), op.error_sites(traces, need_hint=False)
+    hinted, every = es.error_sites(traces), es.error_sites(traces, need_hint=False)
     bare = [s for s in every if s.hint is None]
     assert len(bare) == 1 and len(hinted) == n - 1 and len(every) == n
     assert bare[0].error_kind == "user_rejected"
     with pytest.raises(ValueError, match="has no hint"):
-        op.site_messages(bare[0], hinted=True)
+        es.site_messages(bare[0], hinted=True)
 
 
 def test_the_teacher_prompt_is_the_students_history_plus_the_hint(ingested, tiny_tokenizer):
     from composer_replication import encoding
 
     tok = tiny_tokenizer
-    sites = [s for s in op.error_sites(rows(ingested / "traces.jsonl")) if len(s.turns) > 6]
+    sites = [s for s in es.error_sites(rows(ingested / "traces.jsonl")) if len(s.turns) > 6]
     assert sites
     for s in sites[:5]:
-        student, teacher = op.site_prompts(tok, s, 96)
-        plain = encoding.render_prompt_ids(tok, op.site_messages(s, hinted=False), op.site_tools(s))
-        hinted = encoding.render_prompt_ids(tok, op.site_messages(s, hinted=True), op.site_tools(s))
+        student, teacher = es.site_prompts(tok, s, 96)
+        plain = encoding.render_prompt_ids(tok, es.site_messages(s, hinted=False), es.site_tools(s))
+        hinted = encoding.render_prompt_ids(tok, es.site_messages(s, hinted=True), es.site_tools(s))
         assert student == plain[-96:] and len(plain) > 96  # the window is full: history was dropped
         assert teacher == hinted[-(96 + len(hinted) - len(plain)) :]
         # the teacher keeps every history token the student has, up to where the hint goes in ...
@@ -218,7 +220,7 @@ def test_the_teacher_prompt_is_the_students_history_plus_the_hint(ingested, tiny
         assert teacher[: len(student) - tail] == student[: len(student) - tail]
         assert "[HINT]" in tok.decode(teacher) and "[HINT]" not in tok.decode(student)
         # ... where cutting both renders at the window would drop the hint's length of history
-        assert op.prompt_ids(tok, op.site_messages(s, hinted=True), 96, op.site_tools(s))[:8] != student[:8]
+        assert es.prompt_ids(tok, es.site_messages(s, hinted=True), 96, es.site_tools(s))[:8] != student[:8]
 
 
 def test_privileged_recovery_reaches_only_the_teacher(small_data, tiny_model, tiny_tokenizer):
@@ -229,7 +231,7 @@ def test_privileged_recovery_reaches_only_the_teacher(small_data, tiny_model, ti
         _on_policy_cfg(small_data, loss={"sdpo": {"weight": 1.0, "on_policy": {"max_new_tokens": 4,
                        "privileged": "recovery"}}, "preference": {"weight": 0.0}})
     )  # fmt: skip
-    sites = op.error_sites(rows(small_data / "traces.jsonl"))
+    sites = es.error_sites(rows(small_data / "traces.jsonl"))
     policy = op.OnPolicySDPO(tiny_tokenizer, sites, cfg, seed=0)
     batch, _ = policy.batch(tiny_model, step=0, micro=0)
     assert batch is not None
@@ -250,19 +252,19 @@ def test_decode_into_the_kv_buffer_equals_decode_by_concatenation(tiny_model, mo
     from composer_replication.generation import kv_buffer
 
     prompts = [[5, 17, 23, 99, 4], [7, 8], [31, 32, 33], [40, 41, 42, 43]]
-    free = op.sample(tiny_model, prompts, max_new_tokens=12, temperature=0, eos_ids=[], pad_id=0)
+    free = engine.sample(tiny_model, prompts, max_new_tokens=12, temperature=0, eos_ids=[], pad_id=0)
     runs = [dict(temperature=0, eos_ids=sorted({free[0][2], free[2][6]})), dict(temperature=1.0, eos_ids=[])]
     buffered = []
     for kw in runs:
         g = torch.Generator().manual_seed(5)
-        buffered.append(op.sample(tiny_model, prompts, max_new_tokens=12, pad_id=0, generator=g, **kw))
-    pre = op.prefill(tiny_model.eval(), prompts, 0)
-    op.decode(tiny_model, pre, max_new_tokens=12, temperature=0, eos_ids=[])
+        buffered.append(engine.sample(tiny_model, prompts, max_new_tokens=12, pad_id=0, generator=g, **kw))
+    pre = engine.prefill(tiny_model.eval(), prompts, 0)
+    engine.decode(tiny_model, pre, max_new_tokens=12, temperature=0, eos_ids=[])
     assert all(isinstance(layer, kv_buffer.BufferedLayer) for layer in pre.cache.layers)
     monkeypatch.setattr(kv_buffer, "buffer_cache", lambda cache, extra: cache)
     for kw, got in zip(runs, buffered, strict=True):
         g = torch.Generator().manual_seed(5)
-        assert got == op.sample(tiny_model, prompts, max_new_tokens=12, pad_id=0, generator=g, **kw)
+        assert got == engine.sample(tiny_model, prompts, max_new_tokens=12, pad_id=0, generator=g, **kw)
     assert len({len(x) for x in buffered[0]}) > 1  # greedy rows did leave the batch early
 
 

@@ -1,8 +1,8 @@
-"""``pipeline.evaluate.evaluate_sites``: an answer cut by the token budget is not a valid action."""
+"""``trainer.evaluation.greedy.evaluate_sites``: an answer cut by the token budget is not a valid action."""
 
 from __future__ import annotations
 
-from composer_replication.pipeline.evaluate import evaluate_sites
+from composer_replication.trainer.evaluation.greedy import evaluate_sites
 from composer_replication.wire import format_tool_use
 
 CALL = format_tool_use("Bash", {"command": "ls"})

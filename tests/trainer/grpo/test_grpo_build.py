@@ -12,8 +12,8 @@ pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 
 from composer_replication.config import ConfigError, build_config  # noqa: E402
-from composer_replication.trainer.grpo_build import check_grpo_config, dataset_rows, grpo_args  # noqa: E402
-from composer_replication.trainer.grpo_run import build_rows  # noqa: E402
+from composer_replication.trainer.grpo.build import check_grpo_config, dataset_rows, grpo_args  # noqa: E402
+from composer_replication.trainer.grpo.run import build_rows  # noqa: E402
 
 
 def _cfg(tmp_path, **sections):
@@ -29,7 +29,7 @@ def test_traces_from_every_source_make_one_dataset(ingested):
     """Claude Code's Bash input is a string, Codex's shell input a list: raw rows do not make an Arrow
     table ("cannot mix list and non-list"); the builder's rows do, and keep every value."""
     from composer_replication.ingestion import read_examples
-    from composer_replication.trainer.offline_data import recovery_pairs
+    from composer_replication.trainer.data import recovery_pairs
 
     traces = list(read_examples(ingested / "traces.jsonl"))
     assert {t["source"] for t in traces} == {"claude_code", "codex"}

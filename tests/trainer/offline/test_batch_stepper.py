@@ -1,4 +1,4 @@
-"""trainer.batch_stepper: the offline trainer's step over caller-built batches (smoke, the Monarch recipe)."""
+"""trainer.offline.batch_stepper: the offline trainer's step over caller-built batches (smoke, the Monarch recipe)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from composer_replication.batch import VARIANTS, build_batch
 from composer_replication.config import ConfigError, build_config
 from composer_replication.config.loss import RPO_ALPHA
 from composer_replication.loss import compose_loss
-from composer_replication.trainer.batch_stepper import batch_config, batch_stepper
+from composer_replication.trainer.offline.batch_stepper import batch_config, batch_stepper
 
 
 def test_two_steps_match_a_loop_written_out(tiny_model, tiny_tokenizer):

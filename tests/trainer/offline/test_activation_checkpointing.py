@@ -7,9 +7,10 @@ import json
 import torch
 
 from composer_replication.config import build_config
-from composer_replication.trainer.offline import load_model, train_offline
+from composer_replication.trainer.offline.loop import train_offline
+from composer_replication.trainer.prepare import load_model
 
-from .conftest import tiny_config
+from ..conftest import tiny_config
 
 
 def test_checkpointed_layers_train_the_same(small_data, tmp_path):

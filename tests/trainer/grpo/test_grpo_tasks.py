@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tasks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tasks"))
 from _taskdir import TASKS, write_tasks  # noqa: E402
 
 from composer_replication.config import ConfigError, build_config  # noqa: E402
 from composer_replication.datagen.sandbox import make_sandbox  # noqa: E402
-from composer_replication.trainer.grpo_tasks import load_task_set, task_rows  # noqa: E402
+from composer_replication.trainer.grpo.tasks import load_task_set, task_rows  # noqa: E402
 from composer_replication.wire import format_tool_use  # noqa: E402
 
 pytest.importorskip("trl")

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from composer_replication.trainer.offline_data import recovery_pairs
-from composer_replication.trainer.onpolicy import error_sites, site_messages
-from composer_replication.trainer.site_eval import SiteSet, recovery_ids
+from composer_replication.trainer.data import recovery_pairs
+from composer_replication.trainer.error_sites import error_sites, site_messages
+from composer_replication.trainer.evaluation.sites import SiteSet, recovery_ids
 
 
 @pytest.fixture(scope="module")

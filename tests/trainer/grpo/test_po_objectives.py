@@ -12,8 +12,8 @@ from composer_replication.trainer import (  # noqa: E402
     PO_OBJECTIVES,
     make_dr_grpo_config,
     make_po_config,
-    po_objectives,  # noqa: E402
 )
+from composer_replication.trainer.grpo import objectives as po_objectives  # noqa: E402
 
 KNOBS = {
     "grpo": {"loss_type": "grpo", "scale_rewards": "group", "importance_sampling_level": "token"},

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from composer_replication.trainer import checkpoint as ckpt
-from composer_replication.trainer.offline import train_offline
+from composer_replication.trainer.offline.loop import train_offline
 
-from .conftest import tiny_config
+from ..conftest import tiny_config
 
 
 def rows(path):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from composer_replication.trainer.frozen_prefix import FrozenPrefix, decoder_layers, fingerprint
-from composer_replication.trainer.offline_data import recovery_pairs
-from composer_replication.trainer.onpolicy import error_sites
-from composer_replication.trainer.site_eval import SiteSet
+from composer_replication.trainer.data import recovery_pairs
+from composer_replication.trainer.error_sites import error_sites
+from composer_replication.trainer.evaluation.frozen_prefix import FrozenPrefix, decoder_layers, fingerprint
+from composer_replication.trainer.evaluation.sites import SiteSet
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +126,8 @@ def test_training_steps_replayed_are_the_full_steps_exactly(ingested, tiny_token
     from composer_replication.config import build_config
     from composer_replication.ingestion import read_examples
     from composer_replication.models import build_tiny_model
-    from composer_replication.trainer.offline import OfflineStepper
-    from composer_replication.trainer.offline_parts import apply_lora, seed_everything
+    from composer_replication.trainer.offline.stepper import OfflineStepper
+    from composer_replication.trainer.prepare import apply_lora, seed_everything
 
     traces = list(read_examples(ingested / "traces.jsonl"))
     pairs = [dict(p) for p in recovery_pairs(traces)]

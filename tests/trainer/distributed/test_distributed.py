@@ -1,7 +1,7 @@
 """The offline trainer on 2 gloo processes (DDP and FSDP2): same trajectory as one process, kill -9 + resume.
 
 A run with N processes and ``grad_accum = g`` trains on the micro-batches, grouped into optimizer steps,
-of one process with ``grad_accum = N·g`` (``trainer.distributed``), so their metrics must agree.
+of one process with ``grad_accum = N·g`` (``trainer.distributed.engine``), so their metrics must agree.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import yaml
 
 from composer_replication.trainer import checkpoint as ckpt
 
-from .conftest import tiny_config
+from ..conftest import tiny_config
 
 CHANNELS = ("loss/total", "loss/lm_ce", "loss/sdpo_jsd", "loss/trace_replay_dpo")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -189,7 +189,7 @@ def test_kill_one_rank_then_resume_continues_from_the_checkpoint(small_data, tmp
 
 def test_nproc_above_the_devices_fails_before_any_model_loads(small_data, tmp_path, capsys, monkeypatch):
     from composer_replication.cli.main import main
-    from composer_replication.trainer import offline
+    from composer_replication.trainer.offline import loop as offline
 
     monkeypatch.setattr(offline, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     cfg = _config(small_data, tmp_path, "cfg")
@@ -204,7 +204,7 @@ def test_missing_rendezvous_fails_with_one_line_before_any_model_loads(
     small_data, tmp_path, capsys, monkeypatch
 ):
     from composer_replication.cli.main import main
-    from composer_replication.trainer import offline
+    from composer_replication.trainer.offline import loop as offline
 
     monkeypatch.setattr(offline, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     cfg = _config(small_data, tmp_path, "cfg", distributed={"strategy": "ddp", "rendezvous_timeout_s": 1.5})
@@ -232,8 +232,8 @@ def test_missing_rendezvous_fails_with_one_line_before_any_model_loads(
 
 def test_fsdp2_with_on_policy_sdpo_is_refused_before_the_rendezvous(small_data, monkeypatch):
     from composer_replication.config import build_config
-    from composer_replication.trainer import distributed
-    from composer_replication.trainer.dist_launch import LaunchError
+    from composer_replication.trainer.distributed import engine as distributed
+    from composer_replication.trainer.distributed.launch import LaunchError
 
     cfg = build_config(
         tiny_config(

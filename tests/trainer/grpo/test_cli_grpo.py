@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from .conftest import grpo_cfg
+from ..conftest import grpo_cfg
 
 pytestmark = pytest.mark.slow
 
