@@ -7,7 +7,7 @@
 
 The task set is the mined one (``tasks.sessions``), else ``tasks.dir``, else ``grpo.tasks`` when it names
 a directory. Both evaluations score one model each with ``trainer.evaluation.tasks.evaluate_models`` under the
-``tasks`` section's limits; ``eval_tasks_after`` compares the two task by task (``task_eval.compare``).
+``tasks`` section's limits; ``eval_tasks_after`` compares the two task by task (``trainer.evaluation.tasks.compare``).
 The GRPO phase trains on the same tasks when ``grpo.tasks`` is unset and ``tasks.train`` is on
 (``pipeline.training.grpo_tasks``).
 """

@@ -47,7 +47,7 @@ __all__ = ["DistributedEngine", "Engine", "NullLog", "RankStream", "setup"]
 class RankStream:
     """A stream as seen by one rank: of each ``world_size`` consecutive batches, the ``rank``-th.
 
-    The wrapped stream (``offline_data.Stream``) advances identically on every rank, so its state is
+    The wrapped stream (``trainer.data.Stream``) advances identically on every rank, so its state is
     rank-independent.
     """
 

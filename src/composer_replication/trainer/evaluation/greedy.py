@@ -1,21 +1,19 @@
-"""Evaluation before and after training.
+"""Greedy answers of a saved model at held-out error states, and their scores (the pipeline's ``evaluate``).
 
-Two measurements, both written to ``eval/eval.json``:
+**Recovery at held-out error sites.** For each state of the held-out traces that follows a failed tool call
+(:func:`is_error_site`), the model gets the conversation so far exactly as training and GRPO render it
+(the state's ``messages``, ``wire`` format, fitted to ``max_prompt_tokens`` by dropping the oldest
+messages, never the system message: :func:`prompt_ids`) and answers greedily (:class:`GreedyGenerator`).
+:func:`evaluate_sites` parses each answer with ``wire``: *valid* = it ended before ``max_new_tokens`` and
+parses as a well-formed action (every tool line's input is JSON, and the tools named exist in the session
+when the session lists its tools; an answer cut by the budget is no action, whatever it parses as); *tool
+match* = the same sequence of tool names as the recorded recovery; *exact* = the same canonical action as
+the recorded recovery (what the agent actually did next in the log). Held-out traces are never replayed
+or trained on.
 
-1. **Recovery at held-out error sites.** For each state of the held-out traces that follows a failed
-   tool call, the model gets the conversation so far exactly as training and GRPO render it (the
-   state's ``messages``, ``wire`` format, fitted to ``max_prompt_tokens`` by dropping the oldest
-   messages, never the system message) and answers greedily. The answer is parsed with ``wire``:
-   *valid* = it ended before ``max_new_tokens`` and parses as a well-formed action (every tool line's
-   input is JSON, and the tools named exist in the session when the session lists its tools; an answer
-   cut by the budget is no action, whatever it parses as); *tool match* = the same sequence of tool
-   names as the recorded recovery; *exact* = the same canonical action as the recorded recovery
-   (what the agent actually did next in the log). Held-out traces are never replayed or trained on.
-2. **Sandbox pass rate** on the bundled tasks (``datagen``), when enabled.
-
-Greedy generations are cached in ``eval/generations.jsonl`` keyed by the model's weight hash, the site
-and the settings, so a rerun after a crash (or after retraining only the GRPO phase) regenerates only
-what changed.
+Greedy generations are cached in an append-only file (the pipeline's ``eval/generations.jsonl``) keyed by
+the model's weight hash (:func:`model_fingerprint`), the site and the settings, so a rerun after a crash
+(or after retraining only the GRPO phase) regenerates only what changed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Held-out measurements at tool-error sites of whole sessions the model never trained on.
 
-A site (``onpolicy.error_sites`` of held-out traces) is the history up to a failed tool result, the hint
+A site (``trainer.error_sites.error_sites`` of held-out traces) is the history up to a failed tool result, the hint
 for that failure and the recorded recovery (what the agent did next). :class:`SiteSet` tokenises the
 sites once; :meth:`SiteSet.measure` scores one model:
 
@@ -8,7 +8,7 @@ sites once; :meth:`SiteSet.measure` scores one model:
   over the site's tokens, then over sites (every site counts once, however long its recovery).
 - ``hinted_jsd``: generalized JSD (beta 0.5) between the model without the hint and the same model given
   the hint, on the same recovery tokens (mean over tokens, then sites): how much of the hint the model
-  has absorbed. The teacher's prompt is the student's plus the hint (``onpolicy.site_prompts``): the
+  has absorbed. The teacher's prompt is the student's plus the hint (``trainer.error_sites.site_prompts``): the
   hint never costs it history. Only at sites with a hint (``n_hinted_sites``; a rejected tool call has none).
 - ``valid_rate`` / ``tool_match_rate``: the greedy answer at the site, scored by ``wire.score_action``:
   a valid action (it ended before ``max_new_tokens`` and is well-formed); and a valid action calling the
@@ -21,7 +21,7 @@ sites once; :meth:`SiteSet.measure` scores one model:
 - ``teacher_recovery_ce``: the recovery CE of the hinted teacher itself (the same model given the
   hint), at the hinted sites: how much the hint helps this model predict the recovery, i.e. what the
   SDPO channel can pass on at best.
-- ``pref_accuracy``: over held-out recovery pairs (``offline_data.recovery_pairs``: the recovery chosen,
+- ``pref_accuracy``: over held-out recovery pairs (``trainer.data.recovery_pairs``: the recovery chosen,
   the failed action rejected), the fraction whose chosen response has the higher mean token log-prob.
 
 Every quantity is a mean over sites (or pairs) with its count in ``n_*``, and ``per_site`` holds the

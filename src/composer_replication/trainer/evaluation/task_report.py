@@ -81,7 +81,7 @@ def _summary_table(result: dict[str, Any]) -> str:
 
 
 def comparison_html(c: dict[str, Any]) -> list[str]:
-    """One paired comparison (`task_eval.compare`): the metric table and the per-task differences."""
+    """One paired comparison (`evaluation.tasks.compare`): the metric table and the per-task differences."""
     out = [f"<h3>{esc(c['b'])} against {esc(c['a'])}</h3>",
            f"<p>Per task, {esc(c['b'])} minus {esc(c['a'])}, over the {c['n_tasks']} tasks both scored; "
            "the 95% interval is Student's t over tasks (none with one task).</p>"]  # fmt: skip
@@ -151,7 +151,7 @@ def write_eval_report(result: dict[str, Any], out_dir: Path, *, title: str = "ev
 
 def run_section(tasks: dict[str, Any] | None) -> list[str]:
     """The pipeline report's section on the run's tasks (``eval/eval.json``'s ``tasks``: the student
-    before and the trained model after, and ``before_after``, their `task_eval.compare`)."""
+    before and the trained model after, and ``before_after``, their `evaluation.tasks.compare`)."""
     if not tasks:
         return []
     out = ["<h2>Your tasks, before and after training</h2>"]

@@ -4,7 +4,7 @@
 ``tasks.agent.AgentPolicy``), scores them with ``tasks.evaluate.evaluate`` (one rollout per task x sample
 in the task's harness, scored by the verifier), adds the paired comparisons and writes ``DIR/eval.json``
 and ``DIR/report.html`` (`trainer.evaluation.task_report`). `compare(a, b)` is the paired per-task difference of
-two policies' entries (``b - a`` per task, with the 95% t interval of ``pipeline.learning.paired``) over
+two policies' entries (``b - a`` per task, with the 95% t interval of ``evaluation.paired.paired``) over
 the tasks both scored: with two models, each later model against the first; the pipeline's
 ``eval_tasks_after`` stage compares the trained model with the student the same way.
 """

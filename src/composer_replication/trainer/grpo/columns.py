@@ -49,7 +49,9 @@ def _failed_call_hint(completion: Any) -> str | None:
     return None
 
 
-def row_hints(inputs: list[dict], completions: Sequence[Any], reward_funcs: Sequence[Any]) -> list[str | None]:
+def row_hints(
+    inputs: list[dict], completions: Sequence[Any], reward_funcs: Sequence[Any]
+) -> list[str | None]:
     """Each row's hint (module docstring), None where it has none. ``completions``: the rows' rollouts
     (TRL tools) or Nones; ``reward_funcs``: the trainer's reward functions (read for ``last_hints``)."""
     published: list[Any] = [None] * len(inputs)
