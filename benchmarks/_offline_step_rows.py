@@ -102,7 +102,7 @@ def time_steps(model: Any, batch: dict, variant: str, repeats: int, device: Any,
     """Median seconds of ``repeats`` optimizer steps (after one warm-up) and peak memory."""
     import torch
 
-    from composer_replication.trainer.distributed import Engine
+    from composer_replication.trainer.distributed.engine import Engine
 
     engine = engine or Engine(torch.device(device))
     from composer_replication.loss import ComposedLoss
@@ -172,7 +172,7 @@ def ddp_worker(args: Any) -> None:
     import torch.distributed as dist
 
     from composer_replication.config import DistributedConfig
-    from composer_replication.trainer import distributed
+    from composer_replication.trainer.distributed import engine as distributed
 
     class Cfg:
         distributed = DistributedConfig(strategy="ddp")

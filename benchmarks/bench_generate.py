@@ -9,8 +9,8 @@ opening messages (``datagen.rollout.task_prompt``: system message with the tools
 tokens with the tiny tokenizer.
 
 - ``onpolicy``: the prompts in one batch, sampled at temperature 1 from a seeded ``torch.Generator``
-  (on-policy SDPO's draw): old = ``trainer.onpolicy.sample`` before the engine, new = the engine's.
-- ``evaluate``: greedy, one prompt at a time: old = ``model.generate`` as ``pipeline.evaluate.GreedyGenerator``
+  (on-policy SDPO's draw): old = ``trainer.offline.onpolicy.sample`` before the engine, new = the engine's.
+- ``evaluate``: greedy, one prompt at a time: old = ``model.generate`` as ``trainer.evaluation.greedy.GreedyGenerator``
   called it, new = ``GreedyGenerator`` (``LocalEngine``).
 - ``rollout``: sampled at 0.7, one prompt at a time, global RNG seeded per prompt: old = ``model.generate``
   as ``datagen.rollout.HFPolicy`` called it, new = ``HFPolicy``'s engine.
@@ -57,7 +57,7 @@ def old_prefill(model: Any, prompts: Sequence[Sequence[int]], pad_id: int) -> An
 
 @torch.no_grad()
 def old_decode(model, pre, *, max_new_tokens, temperature, eos_ids, generator=None) -> list[list[int]]:
-    """``trainer.onpolicy.decode`` before the engine."""
+    """``trainer.offline.onpolicy.decode`` before the engine."""
     dev = pre.attn.device
     eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=dev)
     n = pre.logits.shape[0]
@@ -93,7 +93,7 @@ def old_decode(model, pre, *, max_new_tokens, temperature, eos_ids, generator=No
 
 
 def old_onpolicy_sample(model, prompts, *, max_new_tokens, temperature, eos_ids, pad_id, generator=None):
-    """``trainer.onpolicy.sample`` before the engine."""
+    """``trainer.offline.onpolicy.sample`` before the engine."""
     if not prompts:
         return []
     was_training = model.training
@@ -107,7 +107,7 @@ def old_onpolicy_sample(model, prompts, *, max_new_tokens, temperature, eos_ids,
 
 
 def old_greedy_generator(model, tok, ids: torch.Tensor, max_new_tokens: int) -> tuple[str, bool, list[int]]:
-    """``pipeline.evaluate.GreedyGenerator.__call__``'s decoding before the engine: (text, complete, ids)."""
+    """``trainer.evaluation.greedy.GreedyGenerator.__call__``'s decoding before the engine: (text, complete, ids)."""
     from composer_replication.generation.engine import eos_token_ids
 
     with torch.no_grad():
@@ -184,9 +184,9 @@ def workloads(
     from composer_replication.datagen.rollout import HFPolicy
     from composer_replication.generation.engine import eos_token_ids, sample
     from composer_replication.generation.local import LocalEngine, generate_params
-    from composer_replication.pipeline.evaluate import GreedyGenerator
     from composer_replication.teacher_replay.backends import transformers_local as tl
     from composer_replication.teacher_replay.backends.base import ChatRequest
+    from composer_replication.trainer.evaluation.greedy import GreedyGenerator
 
     prompts = [encoding.render_prompt_ids(tok, m) for m in msgs]
     pad, eos = encoding.pad_id(tok), eos_token_ids(tok)

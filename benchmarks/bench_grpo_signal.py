@@ -52,7 +52,7 @@ def _sft(a: argparse.Namespace, work: Path) -> str:
     from composer_replication.ingestion import ingest_paths
     from composer_replication.trainer import checkpoint as ckpt
     from composer_replication.trainer.export import export_checkpoint
-    from composer_replication.trainer.offline import train_offline
+    from composer_replication.trainer.offline.loop import train_offline
 
     sessions = ROOT / "src" / "composer_replication" / "data" / "sessions"
     ingest_paths([sessions], work / "ingest")

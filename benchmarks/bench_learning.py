@@ -3,7 +3,7 @@
 Ingests ``--train-sessions`` and ``--eval-sessions`` (two folders of Claude Code / Codex logs; keep every
 session, and its resumed copies, on one side), trains one LoRA adapter per (variant, seed) on the first
 with the offline trainer's own stepper, and measures each at the error sites of the second
-(``trainer.site_eval``: recovery CE, JSD to the hinted teacher, greedy valid-action and tool-match rates,
+(``trainer.evaluation.sites``: recovery CE, JSD to the hinted teacher, greedy valid-action and tool-match rates,
 held-out preference accuracy) and on the bundled sandbox tasks (mean reward and pass rate of one greedy
 rollout per task). Writes ``{"variants": {NAME: {METRIC: {"mean", "std", "n"}}}, "config": {...}}``;
 ``n`` is the number of seeds (the base model is measured once). Finished runs are cached in
@@ -161,7 +161,7 @@ def bf16_native(cpuinfo: str | None = None) -> bool:
 def ingest(folder: Path, work: Path) -> tuple[list[dict], dict[str, list[str]]]:
     """Traces of ``folder`` and each trace's tool names (from its states)."""
     from composer_replication.ingestion import ingest_paths
-    from composer_replication.trainer.offline_data import load_rows
+    from composer_replication.trainer.data import load_rows
 
     stats = ingest_paths([folder], work)
     if not stats["totals"]["n_states_emitted"]:
@@ -233,7 +233,7 @@ def sandbox_metrics(model: Any, tok: Any, tasks: list[str], max_new_tokens: int)
 
 def _n_shared(model: Any, a: argparse.Namespace) -> int:
     """Adapters on the last ``lora_layers`` blocks leave the first ones the base model's: their work on
-    the same inputs is done once and replayed for every model sharing them (``trainer.frozen_prefix``;
+    the same inputs is done once and replayed for every model sharing them (``trainer.evaluation.frozen_prefix``;
     bit-identical numbers)."""
     n = int(model.config.num_hidden_layers)
     return n - a.lora_layers if 0 < a.lora_layers < n else 0
@@ -244,7 +244,7 @@ def _shared_layers(model: Any, a: argparse.Namespace, *, weights_fixed: bool = F
     batches, sampling prefills and the sandbox prompts repeat across runs and steps."""
     import contextlib
 
-    from composer_replication.trainer.frozen_prefix import FrozenPrefix
+    from composer_replication.trainer.evaluation.frozen_prefix import FrozenPrefix
 
     n = _n_shared(model, a)
     if n == 0:
@@ -363,8 +363,8 @@ def one_run(name, seed, a, base, tok, sites, train_traces, train_pairs, work) ->
     import torch
 
     from composer_replication.config import build_config
-    from composer_replication.trainer.offline import OfflineStepper
-    from composer_replication.trainer.offline_parts import apply_lora, seed_everything
+    from composer_replication.trainer.offline.stepper import OfflineStepper
+    from composer_replication.trainer.prepare import apply_lora, seed_everything
 
     variant = VARIANTS[name]
     t0 = time.time()
@@ -462,8 +462,8 @@ def summarise(runs: dict[str, list[dict]], metrics: list[str]) -> dict[str, dict
 
 def paired_vs(runs: dict[str, list[dict]], ref: str = "sft") -> dict[str, dict]:
     """Per variant, the per-site change against ``ref`` (each site's value averaged over seeds first):
-    mean, spread and 95% interval over sites (``pipeline.learning.paired``)."""
-    from composer_replication.pipeline.learning import paired
+    mean, spread and 95% interval over sites (``trainer.evaluation.paired.paired``)."""
+    from composer_replication.trainer.evaluation.paired import paired
 
     def site_means(rs: list[dict], m: str) -> list[float]:
         cols = [r["metrics"].get("per_site", {}).get(m) or [] for r in rs]
@@ -501,10 +501,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from composer_replication._io import JsonlAppender, atomic_write_json, read_jsonl
-    from composer_replication.trainer.offline_data import recovery_pairs
-    from composer_replication.trainer.offline_parts import load_model
-    from composer_replication.trainer.onpolicy import error_sites
-    from composer_replication.trainer.site_eval import SiteSet
+    from composer_replication.trainer.data import recovery_pairs
+    from composer_replication.trainer.error_sites import error_sites
+    from composer_replication.trainer.evaluation.sites import SiteSet
+    from composer_replication.trainer.prepare import load_model
 
     t_start = time.time()
     out = Path(a.out)

@@ -157,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     import bench_learning as bl
 
     from composer_replication.config import build_config
-    from composer_replication.trainer import onpolicy, site_eval
-    from composer_replication.trainer.offline_parts import load_model
+    from composer_replication.generation import engine
+    from composer_replication.trainer.error_sites import error_sites
+    from composer_replication.trainer.evaluation.sites import SiteSet
+    from composer_replication.trainer.prepare import load_model
 
     with tempfile.TemporaryDirectory() as tmp:
         traces, tools = bl.ingest(Path(a.eval_sessions), Path(tmp) / "eval")
@@ -167,16 +169,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         model, tok = load_model(cfg, torch.device("cpu"))
     model.eval()
-    sites = site_eval.SiteSet(tok, onpolicy.error_sites(traces, need_hint=False), max_len=256,
+    sites = SiteSet(tok, error_sites(traces, need_hint=False), max_len=256,
                               max_new_tokens=a.max_new_tokens, tools_by_trace=tools, batch_size=32)  # fmt: skip
-    prompts, eos, pad = [r.prompt for r in sites.rows], onpolicy.eos_token_ids(tok), sites.pad
-    pre = onpolicy.prefill(model, prompts, pad)
+    prompts, eos, pad = [r.prompt for r in sites.rows], engine.eos_token_ids(tok), sites.pad
+    pre = engine.prefill(model, prompts, pad)
     t = time.perf_counter()
-    ref = onpolicy.decode(model, pre, max_new_tokens=a.max_new_tokens, temperature=0, eos_ids=eos)
+    ref = engine.decode(model, pre, max_new_tokens=a.max_new_tokens, temperature=0, eos_ids=eos)
     print(f"plain decode: {time.perf_counter() - t:.1f} s, {len(prompts)} rows, {sum(map(len, ref))} tokens")
     for k in (int(x) for x in a.drafts.split(",") if x):
         log: list = []
-        pre = onpolicy.prefill(model, prompts, pad)
+        pre = engine.prefill(model, prompts, pad)
         t = time.perf_counter()
         got = lookup_decode(
             model, pre, prompts, max_new_tokens=a.max_new_tokens, eos_ids=eos, draft=k, log=log

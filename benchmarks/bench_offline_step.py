@@ -30,8 +30,9 @@ def build_batch(model_name: str, max_len: int):
 
     from composer_replication.config import build_config
     from composer_replication.ingestion import ingest_paths
-    from composer_replication.trainer import offline_data as od
-    from composer_replication.trainer.offline import load_model, pair_batch, reference_logprobs
+    from composer_replication.trainer import data as od
+    from composer_replication.trainer.pair_tokens import pair_batch, reference_logprobs
+    from composer_replication.trainer.prepare import load_model
 
     tmp = Path(tempfile.mkdtemp())
     ingest_paths([ROOT / "tests" / "data" / "sessions"], tmp)

@@ -35,8 +35,8 @@ def main() -> int:
     p.add_argument("--run-dir")
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args()
+    from composer_replication._io import hash_path
     from composer_replication.models import resolve_default_model
-    from composer_replication.pipeline.manifest import hash_path
 
     model = resolve_default_model()
     files = sorted(str(f) for f in model.iterdir() if f.is_file())

@@ -82,11 +82,11 @@ def curve(mode: str) -> dict[str, list[float]]:
     cfg["data"].update(traces=str(DATA / "traces.jsonl"), pairs=str(DATA / "pairs.jsonl"))
     with tempfile.TemporaryDirectory() as out, _one_thread():
         if mode == "offline":
-            from composer_replication.trainer.offline import train_offline
+            from composer_replication.trainer.offline.loop import train_offline
 
             train_offline(build_config(cfg), out_dir=out)
         else:
-            from composer_replication.trainer.grpo_run import train_grpo
+            from composer_replication.trainer.grpo.run import train_grpo
 
             train_grpo(build_config(cfg), out_dir=out)
         rows = [json.loads(x) for x in Path(out, "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -119,7 +119,7 @@ def build_data() -> None:
 
     from composer_replication.ingestion import ingest_paths
     from composer_replication.models import build_tiny_tokenizer
-    from composer_replication.trainer.offline_data import (
+    from composer_replication.trainer.data import (
         load_rows,
         make_collator,
         recovery_pairs,

@@ -35,6 +35,19 @@ LONG_TABLES = {
     "pipeline/stages.py:build_stages": "the pipeline's stage table: one Stage(...) row per stage, in run order",
 }
 
+# The rooms of ``trainer`` (its subpackages, and the modules beside them that the rooms share), lowest first.
+# A trainer module imports from its own room or a lower one: the shared modules import no room, and no room
+# imports one above it. ``composer_trainer`` is the GRPO room's trainer class at the API reference's path.
+_SHARED = ("", "data_collator", "data", "prepare", "pair_tokens", "error_sites", "checkpoint", "export")
+TRAINER_ROOMS: list[tuple[str, set[str]]] = [
+    ("shared", {*_SHARED, "trackers", "plots"}),
+    ("distributed", {"distributed"}),
+    ("grpo", {"grpo", "composer_trainer"}),
+    ("evaluation", {"evaluation"}),
+    ("offline", {"offline"}),
+]
+ROOM_LEVEL = {name: i for i, (_, names) in enumerate(TRAINER_ROOMS) for name in names}
+
 
 def _sources() -> dict[str, Path]:
     out = {}
@@ -85,6 +98,30 @@ def test_no_module_imports_from_a_higher_layer():
         for a, bs in edges.items()
         for b in bs
         if LEVEL.get(_top(b), 0) > LEVEL.get(_top(a), 0)
+    )
+    assert not upward, "\n".join(upward)
+
+
+def _room(mod: str) -> str:
+    """``composer_replication.trainer.offline.loop`` -> ``offline``; the package itself -> ``""``."""
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 else ""
+
+
+def test_every_trainer_module_has_a_room():
+    rooms = {_room(m) for m in _sources() if _top(m) == "trainer"}
+    missing = sorted(rooms - ROOM_LEVEL.keys())
+    assert not missing, f"give these a room in tests/test_layers.py: {missing}"
+
+
+def test_no_trainer_room_imports_a_higher_one():
+    edges = _graph(_sources())
+    upward = sorted(
+        f"{a} ({TRAINER_ROOMS[ROOM_LEVEL[_room(a)]][0]}) imports {b} ({TRAINER_ROOMS[ROOM_LEVEL[_room(b)]][0]})"
+        for a, bs in edges.items()
+        if _top(a) == "trainer"
+        for b in bs
+        if _top(b) == "trainer" and ROOM_LEVEL.get(_room(b), 0) > ROOM_LEVEL.get(_room(a), 0)
     )
     assert not upward, "\n".join(upward)
 

@@ -1,4 +1,4 @@
-"""Small I/O helpers every stage uses: atomic writes, append-only JSONL, located read errors.
+"""Small I/O helpers every stage uses: atomic writes, append-only JSONL, located read errors, content hashes.
 
 Writers are atomic (temp file in the same directory + fsync + rename) or append-only with one
 ``write`` per record followed by flush+fsync, so a crash never leaves a half-written file that a
@@ -7,6 +7,7 @@ rerun mistakes for finished work.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -158,3 +159,30 @@ def read_jsonl(
                 continue
             raise DataFileError(path, i, f"expected a JSON object, got {type(rec).__name__}")
         yield rec
+
+
+def hash_path(path: str | os.PathLike[str]) -> str | None:
+    """sha256 of a file, or of a directory tree (relative names + contents, sorted); None if absent.
+
+    Hidden entries (temp files of atomic writers, caches) are ignored so they never invalidate a stage.
+    """
+    p = Path(path)
+    if not p.exists():
+        return None
+    h = hashlib.sha256()
+    if p.is_file():
+        _update_file(h, p)
+        return h.hexdigest()
+    for f in sorted(q for q in p.rglob("*") if q.is_file()):
+        rel = f.relative_to(p)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        h.update(str(rel).encode() + b"\0")
+        _update_file(h, f)
+    return h.hexdigest()
+
+
+def _update_file(h: Any, f: Path) -> None:
+    with open(f, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)

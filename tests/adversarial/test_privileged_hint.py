@@ -6,16 +6,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from composer_replication import wire
-from composer_replication.trainer import onpolicy as op
+from composer_replication.trainer import error_sites as es
 
 
-def _site(recovery: str) -> op.ErrorSite:
+def _site(recovery: str) -> es.ErrorSite:
     turns = (
         {"role": "user", "content": "fix the build " * 50},
         {"role": "assistant", "content": '[TOOL_USE] name=Bash input={"command": "make"}'},
         {"role": "tool", "content": "make: *** no rule", "tool_error": "make: *** no rule"},
     )
-    return op.ErrorSite("t::s", turns, "Read the Makefile first.", recovery, "runtime_error", ("Bash",))
+    return es.ErrorSite("t::s", turns, "Read the Makefile first.", recovery, "runtime_error", ("Bash",))
 
 
 def test_a_huge_hostile_recovery_is_cut_and_stays_out_of_the_students_prompt(tiny_tokenizer):
@@ -23,7 +23,7 @@ def test_a_huge_hostile_recovery_is_cut_and_stays_out_of_the_students_prompt(tin
     site = _site(hostile)
     privileged = replace(site, hint=wire.with_solution(site.hint or "", site.recovery))
     assert len(privileged.hint or "") <= len(site.hint or "") + len(wire.SOLUTION_PREFIX) + 1 + 800
-    student, teacher = op.site_prompts(tiny_tokenizer, privileged, 64)
-    plain, _ = op.site_prompts(tiny_tokenizer, site, 64)
+    student, teacher = es.site_prompts(tiny_tokenizer, privileged, 64)
+    plain, _ = es.site_prompts(tiny_tokenizer, site, 64)
     assert student == plain and len(student) == 64  # the student never sees the recovery
     assert teacher is not None and len(teacher) < 64 + 2_000  # bounded by the 800-character cut

@@ -180,7 +180,7 @@ def test_embeddable_and_round_trips(data_files):
 def test_schema_and_trainer_package_import_without_torch_or_trl():
     code = (
         "import sys, composer_replication.config, composer_replication.trainer;"
-        "from composer_replication.trainer import po_objectives;"
+        "from composer_replication.trainer.grpo import objectives;"
         "bad = [m for m in ('torch', 'trl', 'transformers') if m in sys.modules];"
         "assert not bad, bad"
     )

@@ -23,7 +23,7 @@ def offline_data(tmp_path_factory) -> Path:
     """Real traces (ingested from the bundled sessions) with a hinted SDPO site, and real recovery pairs."""
     from composer_replication.ingestion import ingest_paths, read_examples
     from composer_replication.models import build_tiny_tokenizer
-    from composer_replication.trainer.offline_data import make_collator, recovery_pairs, trace_batch
+    from composer_replication.trainer.data import make_collator, recovery_pairs, trace_batch
 
     out = tmp_path_factory.mktemp("diloco-offline")
     ingest_paths([SESSIONS / name for name in SMALL], out / "ingested")
@@ -100,7 +100,8 @@ def test_offline_inner_replicas_match_the_simulation_bit_for_bit(offline_data, t
 def test_offline_stepper_step_matches_train_offline(offline_data, tmp_path):
     """The per-step API is the offline trainer: same seed, same data -> train_offline's logged losses."""
     from composer_replication.config import build_config
-    from composer_replication.trainer.offline import make_offline_stepper, train_offline
+    from composer_replication.trainer.offline.loop import train_offline
+    from composer_replication.trainer.offline.stepper import make_offline_stepper
 
     section = _config(offline_data, tmp_path)["offline"]
     section = {**section, "schedule": {"batch_size": 1, "max_steps": 2}, "checkpoint": {"every_steps": 0}}

@@ -72,7 +72,7 @@ def test_the_same_text_gives_the_same_tool_calls_on_both_paths(served):
 
 
 def test_evaluation_through_the_endpoint_gives_the_in_process_answers(served, tmp_path):
-    from composer_replication.pipeline.evaluate import GreedyGenerator
+    from composer_replication.trainer.evaluation.greedy import GreedyGenerator
 
     states = [
         {"state_id": f"s{i}", "messages": [{"role": "system", "content": "You are a coding agent."},

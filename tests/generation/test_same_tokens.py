@@ -3,7 +3,7 @@
 The old decoding of every caller is kept verbatim in ``benchmarks/bench_generate.py`` (which also times
 old against new); here it is the reference. Prompts are the bundled sandbox tasks' opening messages.
 Greedy and sampled (a fixed seed, where the old code was deterministic given the RNG state) decoding of
-a tiny seeded model through ``pipeline.evaluate.GreedyGenerator``, ``datagen.rollout.HFPolicy`` and the
+a tiny seeded model through ``trainer.evaluation.greedy.GreedyGenerator``, ``datagen.rollout.HFPolicy`` and the
 in-process teacher (``TransformersBackend``); on-policy SDPO and site evaluation are checked in
 ``tests/trainer/test_generation_callers.py``.
 """
@@ -61,7 +61,7 @@ def loaded(model_dir):
 
 
 def test_evaluation_answers_are_the_old_generate_answers(bench, msgs, model_dir, loaded, tmp_path):
-    from composer_replication.pipeline.evaluate import GreedyGenerator, prompt_ids
+    from composer_replication.trainer.evaluation.greedy import GreedyGenerator, prompt_ids
 
     model, tok = loaded
     states = [{"state_id": f"s{i}", "messages": m} for i, m in enumerate(msgs)]

@@ -48,7 +48,7 @@ def fake_run(d, *, cost_usd: float = 0.001) -> None:
 def eval_json(valid_after: list[float] | None = None) -> dict:
     """An ``eval.json`` of the shape the evaluate stage writes: the paired site comparison (``sites``),
     the sandbox pass rate over its tasks, and one greedy sample answer per phase."""
-    from composer_replication.pipeline.learning import paired
+    from composer_replication.trainer.evaluation.paired import paired
 
     per = {"before": {"recovery_ce": [2.0, 2.4, 3.0, 2.2], "valid_rate": [0.0, 1.0, 0.0, 0.0],
                       "tool_match_rate": [0.0, 0.0, 0.0, 0.0]},

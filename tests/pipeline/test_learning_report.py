@@ -8,9 +8,10 @@ import statistics
 import pytest
 
 from composer_replication._io import write_jsonl_atomic
-from composer_replication.pipeline.learning import channel_contributions, headline, paired
+from composer_replication.pipeline.learning import channel_contributions, headline
 from composer_replication.pipeline.manifest import Manifest
 from composer_replication.pipeline.report import write_report
+from composer_replication.trainer.evaluation.paired import paired
 
 
 def test_paired_change_interval_by_hand():

@@ -7,7 +7,7 @@ import json
 from composer_replication._io import read_jsonl
 from composer_replication.ingestion.store import read_rows
 from composer_replication.pipeline.manifest import Manifest
-from composer_replication.trainer.offline_data import recovery_pairs
+from composer_replication.trainer.data import recovery_pairs
 
 from .conftest import cli, reduced_config
 

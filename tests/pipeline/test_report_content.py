@@ -15,11 +15,11 @@ from composer_replication.pipeline.learning import (
     channel_readings,
     eval_rates,
     grpo_reading,
-    paired,
     verdict,
 )
 from composer_replication.pipeline.manifest import Manifest
 from composer_replication.pipeline.report import collect, write_report
+from composer_replication.trainer.evaluation.paired import paired
 
 from ._chromium import chromium_available, images_loaded
 from ._report_run import eval_json, fake_run

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from composer_replication._io import read_jsonl
+from composer_replication._io import hash_path, read_jsonl
 from composer_replication.ingestion import read_states
-from composer_replication.pipeline.manifest import Manifest, hash_path
+from composer_replication.pipeline.manifest import Manifest
 from composer_replication.pipeline.runner import CRASH_ENV, CRASH_EXIT_CODE
 
 from .conftest import COST_PER_CALL, TASK_STAGES, cli, reduced_config

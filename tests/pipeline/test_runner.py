@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from composer_replication._io import hash_path
 from composer_replication.pipeline.config import RunConfig
-from composer_replication.pipeline.manifest import Manifest, hash_path
+from composer_replication.pipeline.manifest import Manifest
 from composer_replication.pipeline.runner import CRASH_ENV, CRASH_EXIT_CODE, Runner, Stage
 
 

@@ -18,7 +18,7 @@ from composer_replication.datagen.tasks import load_task
 from composer_replication.datagen.tools import parse_tool_calls
 from composer_replication.ingestion.claude_code import ClaudeCodeIngester
 from composer_replication.ingestion.codex import CodexIngester
-from composer_replication.pipeline.task_eval import compare
+from composer_replication.trainer.evaluation.tasks import compare
 from composer_replication.wire import format_tool_use
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")

@@ -15,7 +15,7 @@ SESSIONS = Path(__file__).resolve().parents[1] / "data" / "sessions"
 def ingested(tmp_path_factory) -> Path:
     """``traces.jsonl`` from the bundled sessions (ingestion's own code) + recovery ``pairs.jsonl``."""
     from composer_replication.ingestion import ingest_paths, read_examples
-    from composer_replication.trainer.offline_data import recovery_pairs
+    from composer_replication.trainer.data import recovery_pairs
 
     out = tmp_path_factory.mktemp("ingested")
     ingest_paths([SESSIONS], out)
@@ -34,7 +34,7 @@ def small_data(ingested, tmp_path_factory) -> Path:
 
     traces = list(read_examples(ingested / "traces.jsonl"))
     from composer_replication.models import build_tiny_tokenizer
-    from composer_replication.trainer.offline_data import make_collator, trace_batch
+    from composer_replication.trainer.data import make_collator, trace_batch
 
     collator = make_collator(build_tiny_tokenizer(2048), 256, 128, True)
     # traces whose error site yields a hinted SDPO row at this length (so every batch has all three channels)

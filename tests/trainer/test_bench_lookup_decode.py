@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from composer_replication.trainer import onpolicy as op
+from composer_replication.generation import engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,12 +39,12 @@ def test_lookup_decode_gives_the_plain_greedy_answers(tiny_model, monkeypatch):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(5, 200, (n,), generator=g).tolist() for n in (9, 4, 13, 6, 11)]
     prompts[1] = prompts[1] * 3  # repeated text to look drafts up in
-    free = op.sample(tiny_model, prompts, max_new_tokens=40, temperature=0, eos_ids=[], pad_id=0)
+    free = engine.sample(tiny_model, prompts, max_new_tokens=40, temperature=0, eos_ids=[], pad_id=0)
     for eos in ([], sorted({free[0][5], free[3][17]})):
-        want = op.sample(tiny_model, prompts, max_new_tokens=40, temperature=0, eos_ids=eos, pad_id=0)
+        want = engine.sample(tiny_model, prompts, max_new_tokens=40, temperature=0, eos_ids=eos, pad_id=0)
         for draft in (1, 3, 8):
             log: list = []
-            pre = op.prefill(tiny_model, prompts, 0)
+            pre = engine.prefill(tiny_model, prompts, 0)
             got = bench.lookup_decode(
                 tiny_model, pre, prompts, max_new_tokens=40, eos_ids=eos, draft=draft, log=log
             )
@@ -53,6 +53,6 @@ def test_lookup_decode_gives_the_plain_greedy_answers(tiny_model, monkeypatch):
     assert len({len(x) for x in want}) > 1  # rows did end early at an EOS
     # drafts that are mostly wrong: rejected slots stay masked, fill the buffer and get compacted away
     monkeypatch.setattr(bench.Lookup, "draft", lambda self, k: [(self.ctx[-1] + 1) % 200] * k)
-    pre = op.prefill(tiny_model, prompts, 0)
+    pre = engine.prefill(tiny_model, prompts, 0)
     got = bench.lookup_decode(tiny_model, pre, prompts, max_new_tokens=40, eos_ids=eos, draft=6, log=[])
     assert got == want and compacted

@@ -51,7 +51,7 @@ def test_a_missing_data_file_says_how_to_make_it(tmp_path):
 
 
 def test_the_offline_example_trains_on_the_tiny_model(small_data, tmp_path):
-    from composer_replication.trainer.offline import train_offline
+    from composer_replication.trainer.offline.loop import train_offline
 
     over = {"model.path": "tiny", "schedule.max_steps": 2, "schedule.warmup_steps": 0,
             "lora.target_modules": "all-linear", "data.traces": str(small_data / "traces.jsonl"),

@@ -52,10 +52,10 @@ def test_same_state_same_prompt_ids_in_training_grpo_and_evaluation(ingested, to
 
 def _same_ids(ingested, tok_name, fmt):
     from composer_replication import encoding
-    from composer_replication.pipeline.evaluate import is_error_site, prompt_ids
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
-    from composer_replication.trainer.grpo_build import dataset_rows
-    from composer_replication.trainer.grpo_run import build_rows, fit_prompt
+    from composer_replication.trainer.evaluation.greedy import is_error_site, prompt_ids
+    from composer_replication.trainer.grpo.build import dataset_rows
+    from composer_replication.trainer.grpo.run import build_rows, fit_prompt
 
     states, traces = ingested
     tok = _tokenizer(tok_name)

@@ -59,8 +59,8 @@ def _limits(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from composer_replication.pipeline.task_eval import evaluate_models
     from composer_replication.safety.kill_switch import KillSwitch
+    from composer_replication.trainer.evaluation.tasks import evaluate_models
 
     if not args.model and not args.policy:
         raise ValueError("give at least one --model or --policy to score")

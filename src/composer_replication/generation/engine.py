@@ -14,7 +14,7 @@ wraps it for chat messages). What it keeps from the code it replaced, and why:
   ``torch.multinomial`` over the batch).
 - **The prefill is a separate call** (:func:`prefill`): a caller can score continuations from a copy of
   its cache (:func:`continuation_logits`) and decode from the same cache, and can wrap it in
-  ``trainer.frozen_prefix``'s replay of shared decoder layers.
+  ``trainer.evaluation.frozen_prefix``'s replay of shared decoder layers.
 
 Sampling follows ``transformers``' ``generate`` step for step (float32 logits, repetition penalty,
 temperature, top-k, top-p, softmax, one ``torch.multinomial``), so a single prompt decodes to the tokens

@@ -9,7 +9,6 @@ the files on disk; the runner then skips it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import time
@@ -41,33 +40,6 @@ def package_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
-
-
-def hash_path(path: str | os.PathLike[str]) -> str | None:
-    """sha256 of a file, or of a directory tree (relative names + contents, sorted); None if absent.
-
-    Hidden entries (temp files of atomic writers, caches) are ignored so they never invalidate a stage.
-    """
-    p = Path(path)
-    if not p.exists():
-        return None
-    h = hashlib.sha256()
-    if p.is_file():
-        _update_file(h, p)
-        return h.hexdigest()
-    for f in sorted(q for q in p.rglob("*") if q.is_file()):
-        rel = f.relative_to(p)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        h.update(str(rel).encode() + b"\0")
-        _update_file(h, f)
-    return h.hexdigest()
-
-
-def _update_file(h: Any, f: Path) -> None:
-    with open(f, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
 
 
 @dataclass

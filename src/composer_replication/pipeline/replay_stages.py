@@ -48,7 +48,7 @@ def replay_refs(ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The state references the replay stage sends (header, rows): the config's selection, and
     ``history_messages`` as each reference's ``last`` (the reader keeps the system message and the last N)."""
     from composer_replication.ingestion.store import read_refs
-    from composer_replication.pipeline.evaluate import is_error_site
+    from composer_replication.trainer.evaluation.greedy import is_error_site
 
     rc = ctx.config.replay
     head, rows = read_refs(ctx.path("split", "train_states.jsonl"))
@@ -220,7 +220,7 @@ def _recovery_pairs(ctx: RunContext) -> list[DPOPair]:
     """Teacher-free pairs (``pairs.recovery``) from the training split's traces: held-out traces never
     reach training through them."""
     from composer_replication.ingestion.store import read_rows
-    from composer_replication.trainer.offline_data import recovery_pairs
+    from composer_replication.trainer.data import recovery_pairs
 
     where = ctx.config.pairs.recovery
     if where == "none":

@@ -192,7 +192,7 @@ def pairs_section(d: dict[str, Any]) -> list[str]:
 
 
 def page(title: str, d: dict[str, Any], figs: list[tuple[str, str]]) -> str:
-    from composer_replication.pipeline.task_report import run_section
+    from composer_replication.trainer.evaluation.task_report import run_section
 
     m: Manifest = d["manifest"]
     stage_rows = []

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from composer_replication import wire
+from composer_replication._io import hash_path
 from composer_replication._lock import directory_lock
 from composer_replication.config.run import RunConfig
-from composer_replication.pipeline.manifest import Manifest, hash_path
+from composer_replication.pipeline.manifest import Manifest
 from composer_replication.safety.stop import NEVER, Stop, as_stop
 
 CRASH_ENV = "COMPOSER_REPLICATION_CRASH_AT"

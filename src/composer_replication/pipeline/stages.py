@@ -76,7 +76,7 @@ def trace_of(state_id: str) -> str:
 
 def _split(ctx: RunContext) -> dict[str, Any]:
     from composer_replication.ingestion.store import EXAMPLES_FORMAT, read_refs, write_refs
-    from composer_replication.pipeline.evaluate import is_error_site
+    from composer_replication.trainer.evaluation.greedy import is_error_site
 
     src = ctx.config.sources
     # References only: nothing is materialised to split (each row names its trace; error sites carry error_kind).
@@ -105,7 +105,7 @@ def _split(ctx: RunContext) -> dict[str, Any]:
     train_ex = [t for t in traces if t["trace_id"] not in held]
     write_refs(ctx.path("split", "train_traces.jsonl"), t_head, train_ex, src=traces_path)
     from composer_replication.pipeline.learning import heldout_traces
-    from composer_replication.trainer.onpolicy import error_sites
+    from composer_replication.trainer.error_sites import error_sites
 
     return {
         "traces": len(ids),
@@ -124,7 +124,7 @@ def _evaluate(ctx: RunContext) -> dict[str, Any]:
     from itertools import islice
 
     from composer_replication.ingestion.store import read_states
-    from composer_replication.pipeline.evaluate import GreedyGenerator, evaluate_sites
+    from composer_replication.trainer.evaluation.greedy import GreedyGenerator, evaluate_sites
 
     ec = ctx.config.evaluate
     sites = list(islice(read_states(ctx.path("split", "heldout_states.jsonl")), ec.max_sites))
@@ -145,7 +145,8 @@ def _evaluate(ctx: RunContext) -> dict[str, Any]:
         result[phase] = {"model": str(model), **evaluate_sites(gen, sites, stop=ctx.stop)}
         if ec.sandbox_tasks:
             result[phase].update(sandbox_pass_rate(ctx, model))
-    from composer_replication.pipeline.learning import heldout_traces, site_comparison
+    from composer_replication.pipeline.learning import heldout_traces
+    from composer_replication.trainer.evaluation.paired import site_comparison
 
     result["sites"] = site_comparison(
         heldout_traces(ctx.run_dir), student_dir(ctx), final_model_dir(ctx),

@@ -6,8 +6,8 @@
     tasks/before_after.json                                                 (their paired comparison)
 
 The task set is the mined one (``tasks.sessions``), else ``tasks.dir``, else ``grpo.tasks`` when it names
-a directory. Both evaluations score one model each with ``pipeline.task_eval.evaluate_models`` under the
-``tasks`` section's limits; ``eval_tasks_after`` compares the two task by task (``task_eval.compare``).
+a directory. Both evaluations score one model each with ``trainer.evaluation.tasks.evaluate_models`` under the
+``tasks`` section's limits; ``eval_tasks_after`` compares the two task by task (``trainer.evaluation.tasks.compare``).
 The GRPO phase trains on the same tasks when ``grpo.tasks`` is unset and ``tasks.train`` is on
 (``pipeline.training.grpo_tasks``).
 """
@@ -64,7 +64,7 @@ def mine_stage(ctx: RunContext) -> dict[str, Any]:
 
 
 def _evaluate(ctx: RunContext, phase: str, model: Path) -> dict[str, Any]:
-    from composer_replication.pipeline.task_eval import evaluate_models
+    from composer_replication.trainer.evaluation.tasks import evaluate_models
 
     tc = ctx.config.tasks
     tasks = task_dir(ctx.config, ctx.run_dir)
@@ -98,8 +98,8 @@ def eval_before_stage(ctx: RunContext) -> dict[str, Any]:
 def eval_after_stage(ctx: RunContext) -> dict[str, Any]:
     import json
 
-    from composer_replication.pipeline.task_eval import compare
     from composer_replication.pipeline.training import final_model_dir
+    from composer_replication.trainer.evaluation.tasks import compare
 
     out = _evaluate(ctx, "after", final_model_dir(ctx))
     before, after = (
@@ -118,7 +118,7 @@ def eval_after_stage(ctx: RunContext) -> dict[str, Any]:
 
 def read_task_eval(run_dir: Path) -> dict[str, Any] | None:
     """``{"before", "after", "before_after"}`` from the run's task evaluations (None without them), for
-    the report (``pipeline.task_report.run_section``)."""
+    the report (``trainer.evaluation.task_report.run_section``)."""
     import json
 
     out: dict[str, Any] = {}

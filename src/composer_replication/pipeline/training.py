@@ -44,7 +44,7 @@ def train_config(ctx: RunContext, mode: str) -> Any:
 def train_offline_stage(ctx: RunContext) -> dict[str, Any]:
     from composer_replication.trainer import checkpoint as ckpt
     from composer_replication.trainer.export import export_checkpoint
-    from composer_replication.trainer.offline import train_offline
+    from composer_replication.trainer.offline.loop import train_offline
 
     out = ctx.path("train", "offline")
     if not ctx.resume and out.exists():
@@ -65,8 +65,8 @@ def _nonempty(p: Path) -> bool:
 def sandbox_pass_rate(ctx: RunContext, model_dir: Path) -> dict[str, Any]:
     """Greedy agent rollouts on the bundled tasks ``grpo.tasks`` names (all when it names a directory),
     checked by their tests in the sandbox."""
-    from composer_replication.pipeline.evaluate import model_fingerprint
-    from composer_replication.pipeline.grpo_phase import sandbox_pass_rate as rate
+    from composer_replication.trainer.evaluation.greedy import model_fingerprint
+    from composer_replication.trainer.evaluation.sandbox import sandbox_pass_rate as rate
 
     ec, names = ctx.config.evaluate, ctx.config.grpo.tasks
     out = ctx.path("eval", "rollouts", model_fingerprint(model_dir))

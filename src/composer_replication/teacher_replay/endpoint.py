@@ -4,7 +4,7 @@
 the teacher replay's client (``backends.openai_compat``: one deadline per attempt, body size cap, key
 scrubbing, error classification) and returns the engine's own record,
 ``generation.types.Completion``, for rollouts (``datagen.rollout.EndpointPolicy``), evaluation
-(``pipeline.evaluate.GreedyGenerator(engine=...)``) or anything else that asks a model. A server's own
+(``trainer.evaluation.greedy.GreedyGenerator(engine=...)``) or anything else that asks a model. A server's own
 tool calls come back in ``Completion.tool_calls``; ``generation.types.tool_calls`` reads them and an
 in-process answer the same way, through ``wire``.
 

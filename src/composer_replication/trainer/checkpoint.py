@@ -5,7 +5,7 @@ or only the LoRA adapter), optimizer, LR scheduler, the data order (epoch, permu
 RNG states (python, numpy, torch CPU and CUDA), the TAID scheduler, the step counter and the model's
 dtype. It is written into a temporary sibling directory, fsynced and renamed into place, so a crash (even
 SIGKILL) leaves either the previous or the new checkpoint, never a torn one; the oldest are pruned to
-``keep_last``. A run on several processes (``trainer.distributed``) adds ``rng-rank{r}.pt`` per rank and,
+``keep_last``. A run on several processes (``trainer.distributed.engine``) adds ``rng-rank{r}.pt`` per rank and,
 under FSDP2, keeps the parameters and optimizer state sharded in ``sharded/`` (``torch.distributed.checkpoint``)
 instead of in ``state.pt``; :func:`load_trainable` reads either form into full tensors.
 """

@@ -7,7 +7,7 @@ builds its output dict from scratch, so we wrap it (``super()``, then append per
 
 - ``hint`` (str), or ``error_kind`` (+ optional ``error_meta`` dict or JSON text) resolved by
   ``hint_generator.dispatch``: the SDPO teacher is the same model given the prompt plus the hint
-  (``wire.add_hint``).
+  (``wire.add_hint``). ``trainer.grpo.columns`` decodes the columns and picks each row's hint.
 - Online SDPO: a reward function may publish ``last_hints`` (one hint or None per completion of its
   last call, as ``datagen.reward.make_shaped_reward`` does at the first failed tool call of each
   sandboxed completion); a completion with a hint gets the hinted teacher. With TRL tools, a rollout
@@ -47,6 +47,7 @@ from composer_replication.config.loss import (
 )
 from composer_replication.loss import ComposedLoss
 from composer_replication.trainer import pair_tokens
+from composer_replication.trainer.grpo import columns
 
 if is_available("trl"):
     from transformers import TrainerCallback
@@ -67,22 +68,6 @@ logger = logging.getLogger(__name__)
 
 _GLOBAL_NORM = ("dapo", "cispo", "vespo")
 HINT_PREFIX = wire.HINT_PREFIX  # offline (collator) and online teachers see the same form
-
-
-def _hint_for(error_kind: str, meta: dict | None) -> str | None:
-    from composer_replication.hint_generator import hint_for_error
-
-    return hint_for_error(error_kind, meta)
-
-
-def _decoded(value: Any) -> Any:
-    """A dict column as given, or decoded from the JSON text it travels as (``grpo_build.dataset_rows``)."""
-    return json.loads(value) if isinstance(value, str) and value[:1] == "{" else value
-
-
-def _decoded_list(value: Any) -> Any:
-    """A list column (the row's tool schemas) as given, or decoded from its JSON text."""
-    return json.loads(value) if isinstance(value, str) and value[:1] == "[" else value
 
 
 class ComposerReplicationTrainer(GRPOTrainer):
@@ -198,28 +183,9 @@ class ComposerReplicationTrainer(GRPOTrainer):
         return wire.add_hint(prompt, hint)
 
     def _row_hints(self, inputs: list[dict]) -> list[str | None]:
-        hints: list[str | None] = []
+        """Each row's hint for the SDPO teacher (``grpo.columns.row_hints``)."""
         recent = list(self._logs["completion"])[-len(inputs) :] if self.tools else [None] * len(inputs)
-        published = [None] * len(inputs)
-        for f in self.reward_funcs:  # online: a reward that ran the completion names its failed call
-            got = getattr(f, "last_hints", None)
-            if isinstance(got, list) and len(got) == len(inputs):
-                published = [p or q for p, q in zip(published, got)]
-        for row, completion, online in zip(inputs, recent, published):
-            hint = row.get("hint") or online
-            if not hint and row.get("error_kind"):
-                hint = _hint_for(row["error_kind"], _decoded(row.get("error_meta")))
-            if not hint and isinstance(completion, list):  # online: a tool call in this rollout failed
-                for msg in completion:
-                    content = str(msg.get("content", ""))
-                    if msg.get("role") == "tool" and content.startswith("{'error':"):
-                        from composer_replication.ingestion.errors import classify_error
-
-                        meta = {"tool_name": msg.get("name"), "error_message": content}
-                        hint = _hint_for(classify_error(content), meta)
-                        break
-            hints.append(hint or None)
-        return hints
+        return columns.row_hints(inputs, recent, self.reward_funcs)
 
     def _tokenize_prompt(self, prompt: Any, tools: Any = None) -> list[int]:
         tok = getattr(self.processing_class, "tokenizer", self.processing_class)
@@ -237,7 +203,7 @@ class ComposerReplicationTrainer(GRPOTrainer):
         return [self._tokenize_prompt(p, t) for p, t in zip(prompts, tools)], None, {}
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        self._prompt_tools = [_decoded_list(x.get("tools")) for x in inputs]
+        self._prompt_tools = [columns.decoded_list(x.get("tools")) for x in inputs]
         out = super()._generate_and_score_completions(inputs)
         self._log_reward_parts(len(inputs))
         if self.composer_kl_coef > 0:
@@ -260,15 +226,8 @@ class ComposerReplicationTrainer(GRPOTrainer):
                 out["sdpo_loss_mask"] = mask * row_on[:, None]
                 out["sdpo_num_items"] = out["sdpo_loss_mask"].sum()
         if self.beta_replay > 0:
-            pairs = [_decoded(x.get("dpo_pair")) for x in inputs]
-            seen: set[str] = set()
-            present, first = [], []
-            for p in pairs:
-                pid = pair_tokens.pair_fields(p)[0] if p else None
-                present.append(p)
-                first.append(pid is not None and pid not in seen)  # one pair counts once per batch
-                if pid is not None:
-                    seen.add(pid)
+            present = [columns.decoded(x.get("dpo_pair")) for x in inputs]
+            first = columns.first_pairs(present)  # one pair counts once per batch
             if any(first):
                 dummy = next(p for p in present if p)
                 enc = pair_tokens.encode_pairs(tok, [p or dummy for p in present], self.max_dpo_seq_len)

@@ -162,7 +162,7 @@ def export_checkpoint(
         raise RuntimeError(f"{target}: nothing to export, the run has no checkpoint (did training save one?)")
 
     from composer_replication.trainer import checkpoint as ckpt
-    from composer_replication.trainer.offline import load_model
+    from composer_replication.trainer.prepare import load_model
 
     model, tok = load_model(cfg, torch.device("cpu"))
     dtype = ckpt.checkpoint_dtype(checkpoint)

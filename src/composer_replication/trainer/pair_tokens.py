@@ -7,6 +7,9 @@ them) and a generation prompt; the response is the action as the model writes it
 format (``wire.response_text``: native tool calls, or the text format's action text) followed by the
 end-of-turn token. Long prompts are cut from the left (the most
 recent context is kept), so the response itself is never truncated unless it alone is over the cap.
+
+:func:`reference_logprobs` scores the pairs once with the reference weights (the initial ones, adapters
+disabled); :func:`pair_batch` turns pairs and those scores into the preference channel's inputs.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ import dataclasses
 import hashlib
 from typing import Any
 
+import torch
+
 from composer_replication import wire
 from composer_replication.encoding import encode_response, pad_id, pad_rows, render_prompt_ids
 
-__all__ = ["encode_pairs", "pair_fields"]
+__all__ = ["encode_pairs", "pair_batch", "pair_fields", "reference_logprobs"]
 
 
 def pair_fields(pair: Any) -> tuple[str, list[dict], str, str]:
@@ -73,3 +78,38 @@ def encode_pairs(tokenizer: Any, pairs: list[Any], max_len: int = 2048) -> dict[
         out[f"dpo_{side}_input_ids"] = pad_rows(ids[side], pad)
         out[f"dpo_{side}_response_mask"] = pad_rows(masks[side], 0)
     return out
+
+
+@torch.no_grad()
+def reference_logprobs(model, tok, pairs: list[dict], max_len: int, batch_size: int = 4) -> dict[str, tuple]:
+    """Summed reference log-probs per pair id, with the current (initial) weights; adapters disabled."""
+    from contextlib import nullcontext
+
+    from composer_replication.loss import sequence_logprobs
+
+    out: dict[str, tuple[float, float]] = {}
+    ctx = model.disable_adapter() if hasattr(model, "peft_config") else nullcontext()
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    with ctx:
+        for i in range(0, len(pairs), batch_size):
+            enc = encode_pairs(tok, pairs[i : i + batch_size], max_len)
+            c = sequence_logprobs(
+                model, enc["dpo_chosen_input_ids"].to(dev), enc["dpo_chosen_response_mask"].to(dev)
+            )
+            r = sequence_logprobs(
+                model, enc["dpo_rejected_input_ids"].to(dev), enc["dpo_rejected_response_mask"].to(dev)
+            )
+            for pid, a, b in zip(enc["pair_ids"], c.tolist(), r.tolist()):
+                out[pid] = (a, b)
+    model.train(was_training)
+    return out
+
+
+def pair_batch(tok, rows: list[dict], ref: dict[str, tuple], max_len: int, device) -> dict[str, torch.Tensor]:
+    """The preference channel's inputs for ``rows``: their tokens and their cached reference log-probs."""
+    enc = encode_pairs(tok, rows, max_len)
+    vals = torch.tensor([ref[p] for p in enc.pop("pair_ids")], dtype=torch.float32)
+    enc["dpo_chosen_ref_logprobs"], enc["dpo_rejected_ref_logprobs"] = vals[:, 0], vals[:, 1]
+    return {k: v.to(device) for k, v in enc.items()}

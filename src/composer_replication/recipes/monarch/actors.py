@@ -108,7 +108,7 @@ class ReplayWorker(Actor):
 class TrainerActor(Actor):
     """Holds the policy; one optimizer step of response cross-entropy on reward-1 actions (rejection sampling).
 
-    The step is the offline trainer's own (``trainer.batch_stepper``: ``compose_loss`` with only the CE
+    The step is the offline trainer's own (``trainer.offline.batch_stepper``: ``compose_loss`` with only the CE
     channel on, clipping at 1.0, AdamW), over batches padded by ``encoding``.
     """
 
@@ -116,7 +116,7 @@ class TrainerActor(Actor):
         import torch
 
         from composer_replication.models import load_model_and_tokenizer
-        from composer_replication.trainer.batch_stepper import batch_config, batch_stepper
+        from composer_replication.trainer.offline.batch_stepper import batch_config, batch_stepper
 
         torch.manual_seed(0)
         self.model, self.tokenizer = load_model_and_tokenizer(model_dir)
