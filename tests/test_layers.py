@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("cli", {"cli"}),
 ]
 LEVEL = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
-MAX_LINES = 450
+MAX_LINES = 400
 MAX_FUNCTION_LINES = 80  # a def's lines, ``end_lineno - lineno + 1`` (decorators not counted)
 # Functions allowed past MAX_FUNCTION_LINES: declared tables only (rows of data, no logic), each with why.
 # Keep it short: a long function with logic is split, not listed.
