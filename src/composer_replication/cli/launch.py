@@ -94,8 +94,10 @@ def render_table(rows: list[tuple[int, str, str, str]]) -> str:
     return "\n".join([head, "-" * len(head)] + [f"{r:>4}  {s:<10} {st:>6}  {ln}" for r, s, st, ln in rows])
 
 
-def watch(executor: Any, handles: list[Any], *, refresh: float = 1.0, out: Any = sys.stdout) -> list[Any]:
-    """Redraw a status table until every replica has ended, then collect the results."""
+def watch(executor: Any, handles: list[Any], *, refresh: float = 1.0, out: Any = None) -> list[Any]:
+    """Redraw a status table on ``out`` (default: the ``sys.stdout`` of the call, not of the import) until
+    every replica has ended, then collect the results."""
+    out = sys.stdout if out is None else out
     tty = out.isatty()
     shown = ""
     while True:
