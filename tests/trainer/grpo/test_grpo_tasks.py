@@ -101,3 +101,24 @@ def test_train_grpo_mode_on_a_mined_task_folder(tmp_path, capsys):
     assert final["mean_reward"] is not None and 0.0 <= final["mean_frac_reward_zero_std"] <= 1.0
     assert (tmp_path / "run" / "final" / "config.json").exists()
     assert '"mean_frac_reward_zero_std"' in capsys.readouterr().out
+
+
+def test_a_task_prompt_keeps_its_instruction_when_the_window_is_short(tiny_tokenizer):
+    """The demo trains with max_seq_len 256; a task's prompt (system message with four tool schemas, the
+    instruction, the workspace files) is longer. Cut like a history it kept the end of the files and lost
+    the instruction, so no GRPO sample ever sent the call the instruction spells out."""
+    from composer_replication import wire
+    from composer_replication.datagen.rollout import task_prompt
+    from composer_replication.trainer.grpo.build import fit_prompts
+
+    tok = wire.prepare_tokenizer(tiny_tokenizer)
+    (row,) = task_rows(load_task_set(["write_word"]))
+    assert len(wire.render_ids(tok, row["prompt"], row["tools"])) > 256
+    history = {"prompt": [*row["prompt"], {"role": "user", "content": "more " * 400}], "tools": row["tools"]}
+    rows = [dict(row), dict(history)]
+    fit_prompts(rows, tok, 256)
+    assert rows[0]["prompt"] == task_prompt(load_task_set(["write_word"]).tasks["write_word"])
+    assert "Replace its contents" in rows[0]["prompt"][1]["content"]
+    # a history is still cut to the window (its last message keeps its end)
+    assert rows[1]["prompt"][-1]["content"] != history["prompt"][-1]["content"]
+    assert history["prompt"][-1]["content"].endswith(rows[1]["prompt"][-1]["content"])

@@ -123,6 +123,16 @@ def dataset_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def fit_prompts(rows: list[dict[str, Any]], tok: Any, max_len: int) -> None:
+    """Cut each history prompt to ``max_len`` tokens in place (``wire.fit_messages``: TRL 1.16 has no
+    prompt-length cap, and agent histories would run to 20k tokens). A task's prompt (a row with a
+    ``task``) stays whole: cutting it keeps the end of the workspace files and drops the instruction, and
+    ``wire.task_text`` already bounds it (file contents only up to 3,000 characters)."""
+    for row in rows:
+        if isinstance(row.get("prompt"), list) and not row.get("task"):
+            row["prompt"] = wire.fit_messages(tok, row["prompt"], max_len, row.get("tools"))
+
+
 def build_grpo_trainer(
     cfg: TrainConfig,
     rows: list[dict[str, Any]],
@@ -154,9 +164,7 @@ def build_grpo_trainer(
         torch.device("cuda" if cuda else "cpu"),
     )
     tok.padding_side = "left"
-    for row in rows:  # TRL 1.16 has no prompt-length cap: agent histories would run to 20k tokens
-        if isinstance(row.get("prompt"), list):
-            row["prompt"] = wire.fit_messages(tok, row["prompt"], cfg.data.max_seq_len, row.get("tools"))
+    fit_prompts(rows, tok, cfg.data.max_seq_len)
     peft_config = None
     if cfg.lora.enabled:
         require("trl", "peft", purpose="LoRA")
