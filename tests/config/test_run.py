@@ -145,3 +145,24 @@ def test_online_phase_warmup_is_its_own_and_never_swallows_the_phase(tmp_path):
     from composer_replication.pipeline import demo_config
 
     assert demo_config().grpo.warmup_steps == demo_config(fast=True).grpo.warmup_steps == 0  # a 1-step phase
+
+
+def test_online_phase_batch_size_is_its_own(tmp_path):
+    """``grpo.batch_size`` sets the task prompts per online step (the TRL batch is that times the group
+    size); unset, the offline phase's ``train.schedule.batch_size``."""
+    (tmp_path / "p.jsonl").write_text("{}\n")
+    own = tmp_path / "own.yaml"
+    own.write_text("train: {schedule: {batch_size: 2}}\ngrpo: {enabled: true, max_steps: 2, batch_size: 1}\n")
+    rc = load_run_config(own)
+    pairs = str(tmp_path / "p.jsonl")
+    assert rc.train_config("grpo", model="m", traces=None, pairs=pairs).schedule.batch_size == 1
+    assert rc.train_config("offline", model="m", traces=None, pairs=pairs).schedule.batch_size == 2
+    inherited = tmp_path / "inherited.yaml"
+    inherited.write_text("train: {schedule: {batch_size: 2}}\ngrpo: {enabled: true, max_steps: 2}\n")
+    rc = load_run_config(inherited)
+    assert rc.train_config("grpo", model="m", traces=None, pairs=pairs).schedule.batch_size == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grpo: {enabled: true, batch_size: 0}\n")
+    with pytest.raises(ValueError, match=r"grpo.batch_size") as exc:
+        load_run_config(bad)
+    assert str(bad) in str(exc.value)

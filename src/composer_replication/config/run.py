@@ -175,7 +175,8 @@ class RunConfig(_Section):
 
     def train_config(self, mode: str, *, model: str, traces: str | None, pairs: str | None) -> TrainConfig:
         """The trainer's ``TrainConfig`` for one phase: ``train`` + the algorithm fields of ``grpo`` + the
-        pipeline's model and data files; the GRPO phase trains ``grpo.max_steps`` steps at ``grpo.lr`` after ``grpo.warmup_steps``."""
+        pipeline's model and data files; the GRPO phase trains ``grpo.max_steps`` steps of ``grpo.batch_size`` prompts at ``grpo.lr`` after
+        ``grpo.warmup_steps`` (each unset: the ``train`` value)."""
         data = self.train.model_dump(mode="json")
         data["data"].update(traces=traces, pairs=pairs)
         data["grpo"] = self.grpo.model_dump(mode="json", include=set(GRPOSection.model_fields))
@@ -186,6 +187,8 @@ class RunConfig(_Section):
                 data["schedule"]["warmup_steps"] = self.grpo.warmup_steps
             if self.grpo.lr is not None:
                 data["optimizer"]["lr"] = self.grpo.lr
+            if self.grpo.batch_size is not None:
+                data["schedule"]["batch_size"] = self.grpo.batch_size
         return build_config(data, source=f"run config (train, {mode} phase)")
 
     def section_hash(self, *names: str) -> str:

@@ -186,13 +186,20 @@ class GRPOPhaseConfig(GRPOSection):
     """The optional online phase after the offline one: GRPO-family RL (TRL) with rollouts on sandbox tasks
     (``tasks``: a task directory or bundled task names; unset, the run's ``tasks`` section's, else every
     bundled task). Every GRPO setting is here: the algorithm's (the trainer's ``grpo`` section: objective,
-    group size, completion length, reward, ...) and the phase's (``enabled``, ``max_steps``, ``lr``).
+    group size, completion length, reward, ...) and the phase's (``enabled``, ``max_steps``, ``batch_size``,
+    ``lr``).
     The rest of the phase's training settings (optimizer, batch, loss weights) come from ``train``."""
 
     enabled: bool = Field(False, description="Run the online phase after the offline one.")
     max_steps: int = Field(2, ge=1, description="Optimizer steps of the online phase.")
     lr: float | None = Field(
         None, gt=0.0, description="Learning rate of the online phase; default `train.optimizer.lr`."
+    )
+    batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Task prompts per optimizer step of the online phase, each sampled `grpo.num_generations` "
+        "times and scored in the sandbox; default `train.schedule.batch_size`.",
     )
     warmup_steps: int | None = Field(
         None,
