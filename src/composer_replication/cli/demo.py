@@ -3,7 +3,7 @@
 Ingests a few real Claude Code and Codex sessions shipped with the package, replays their error sites
 to in-process teachers, mines preference pairs, trains SmolLM2-135M-Instruct (offline phase, then a
 short GRPO phase on bundled sandbox tasks), evaluates before and after, and writes a report.
-Takes about 10-11 minutes on 2 quiet CPU cores, much longer when other work shares them (see
+Takes about 10 minutes on 2 quiet CPU cores, much longer when other work shares them (see
 docs/quickstart.md); `--fast` about half a minute. Rerunning resumes and skips what is done.
 """
 
