@@ -63,16 +63,22 @@ def _has_site(ex, gen) -> bool:
     return False
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    batch=st.lists(examples(), min_size=1, max_size=3),
-    max_len=st.one_of(st.integers(24, 200), st.just(100_000)),
-    sdpo=st.booleans(),
-)
+def _collator_property(max_examples: int):
+    """Batches of 1-3 drawn examples, a window cut or not, SDPO on or off."""
+    return lambda f: settings(
+        max_examples=max_examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )(
+        given(
+            batch=st.lists(examples(), min_size=1, max_size=3),
+            max_len=st.one_of(st.integers(24, 200), st.just(100_000)),
+            sdpo=st.booleans(),
+        )(f)
+    )
+
+
+@_collator_property(40)
 def test_collator_masks_align_and_keys(tiny_tokenizer, batch, max_len, sdpo) -> None:
     gen = hint_for_error if sdpo else None
     col = ComposerDataCollator(
@@ -112,16 +118,7 @@ def test_collator_masks_align_and_keys(tiny_tokenizer, batch, max_len, sdpo) -> 
             assert i.shape == m.shape and bool((m.sum(1) > 0).all()) and not bool(m[:, 0].any())
 
 
-@settings(
-    max_examples=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    batch=st.lists(examples(), min_size=1, max_size=3),
-    max_len=st.one_of(st.integers(24, 200), st.just(100_000)),
-    sdpo=st.booleans(),
-)
+@_collator_property(30)
 def test_collator_masks_align_and_keys_in_the_text_format(tiny_tokenizer, batch, max_len, sdpo) -> None:
     # the text format merges neighbouring user and tool messages into one user message: the collator's
     # pieces must follow that merge (a user message after a tool result once raised "not prefix-consistent")
