@@ -145,7 +145,7 @@ class ComposerDataCollator:
         prev = ""
         # a run of tool results is one piece: templates may group them (Qwen2.5's does); the text format
         # merges every run of user and tool messages into one user message (`wire.text_messages`)
-        run = ("tool",) if wire.get_format() == "native" else ("tool", "user")
+        run = ("tool",) if wire.get_format() == "native" else wire.TEXT_MERGED_ROLES
         for i, m in enumerate(msgs):
             if m["role"] in run and i + 1 < len(msgs) and msgs[i + 1]["role"] in run:
                 continue

@@ -271,6 +271,10 @@ def _calls_of(m: Mapping[str, Any]) -> list[tuple[str, Any]]:
     return out
 
 
+# The roles the text format merges: a run of them becomes one user message (`text_messages`).
+TEXT_MERGED_ROLES = ("tool", "user")
+
+
 def text_messages(
     messages: Sequence[Mapping[str, Any]], tools: Iterable[str | Mapping[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
@@ -286,7 +290,7 @@ def text_messages(
         elif role == "assistant":
             thinking = str(m.get("reasoning_content") or "")
             out.append({"role": "assistant", "content": action_text(content, _calls_of(m), thinking)})
-        elif role in ("tool", "user"):
+        elif role in TEXT_MERGED_ROLES:
             text = (
                 format_tool_result(str(m.get("name") or "tool"), content, bool(m.get("is_error")))
                 if role == "tool"
